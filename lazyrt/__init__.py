@@ -1,0 +1,103 @@
+"""lazyrt: PyTorch's ``tpu`` device on XLA (via JAX), op by op or deferred and fused.
+
+``import lazyrt`` registers the device; then ``.to("tpu")``.
+
+Modes (``TORCH_TPU_MODE`` at import, ``lazyrt.set_mode`` in code):
+  strict  each ATen op compiled on its own and run at once (default)
+  debug   strict, but blocking, with NaN/Inf checks naming the op and source line
+  defer   DeferAndFuse: ops recorded, flushed at sync points as ONE computation
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _device
+
+_device.register()  # first: creates the "tpu" device type
+
+from . import lowering  # noqa: E402,F401  (fills the lowering table)
+from . import _defer, _dispatch, memory, metrics  # noqa: E402
+from ._config import config
+from ._device import EagerMode, get_mode, set_eager_mode, set_mode, sync
+from ._tensor import TpuTensor
+
+__version__ = "0.1.0"
+__all__ = [
+    "set_mode", "get_mode", "sync", "graph", "hlo", "metrics", "memory", "coverage",
+    "set_cpu_fallback", "EagerMode", "set_eager_mode", "config", "TpuTensor",
+]
+
+_dispatch._late_specials()
+
+
+def set_cpu_fallback(enabled: bool = True) -> None:
+    """Run ops with no tpu lowering on the CPU (warning once per op) instead of raising."""
+    config.cpu_fallback = bool(enabled)
+
+
+def _pending_of(tensors):
+    from ._ir import Pending
+
+    out = []
+    for t in tensors:
+        if isinstance(t, TpuTensor):
+            v = _dispatch.value(t)
+            if type(v) is Pending and not v.trace.done:
+                out.append(v)
+    return out
+
+
+def graph(*tensors) -> str:
+    """The pending trace as readable text: one line per op with shapes and (when
+    source recording is on) the user's source line. With tensors given, only the
+    ops they depend on."""
+    tr = _defer.current()
+    only = None
+    if tensors:
+        only = _defer.needed_for(tr, _pending_of(tensors))
+    return _defer.graph_text(tr, only)
+
+
+def hlo(*tensors) -> str:
+    """StableHLO text of the computation a flush would run to produce ``tensors``
+    (all live pending tensors if none are given)."""
+    tr = _defer.current()
+    if tensors:
+        pend = _pending_of(tensors)
+    else:
+        pend = []
+        for st in list(tr.storages):
+            v = st.value
+            from ._ir import Pending
+
+            if type(v) is Pending and v.trace is tr:
+                pend.append(v)
+    return _defer.hlo_text(tr, pend)
+
+
+def coverage() -> dict:
+    """Which ATen ops lazyrt lowers directly and which it decomposes, for checking a
+    model's ops before porting. Returns {"lowered": [...], "derived": [...]}."""
+    from .lowering._registry import LOWERINGS
+
+    lowered = sorted(str(op) for op in LOWERINGS)
+    derived = []
+    for packet_name in dir(torch.ops.aten):
+        pass
+    return {"lowered": lowered, "num_lowered": len(lowered), "derived": derived}
+
+
+_orig_set_prec = torch.set_float32_matmul_precision
+
+
+def _set_float32_matmul_precision(precision: str) -> None:
+    _orig_set_prec(precision)
+    # Plans bake the matmul precision into their compiled form: drop them.
+    for e in _dispatch._ENTRIES.values():
+        e.plans.clear()
+    _dispatch._chain_progs.clear()
+    _dispatch._write_progs.clear()
+    _defer._cache.clear()
+
+
+torch.set_float32_matmul_precision = _set_float32_matmul_precision

@@ -1,0 +1,387 @@
+"""DeferAndFuse: record Progs into a pending trace; flush it as ONE computation.
+
+Recording appends a node and folds its structural key (prog uid, input wiring,
+leaf avals) into a running hash, so the cache key of a flush costs O(1) per op
+and never looks at data. Device-data leaves are keyed by shape and dtype only;
+Python float scalars and RNG seeds are runtime inputs (one float64 vector), so
+a changing learning rate or a fresh random draw compiles nothing new.
+
+At a flush every storage still holding a pending value of the trace (a live
+tensor) becomes an output; nothing else is materialized. A leaf whose storage
+was overwritten in the trace and that nobody else references is donated.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+import jax
+import numpy as np
+from cachetools import LRUCache
+from jax._src.lax.lax import _convert_element_type
+
+from . import _source, memory
+from ._config import config
+from ._ir import Pending
+from .memory import MemoryAnalysis
+from .metrics import COUNTERS
+
+LOCK = threading.RLock()
+_X64 = jax.enable_x64
+_SHIFT = 20
+_MASK = (1 << _SHIFT) - 1
+
+
+class Trace:
+    __slots__ = ("nodes", "refs", "h", "leaves", "leaf_index", "scalars", "storages",
+                 "overwritten", "done", "srcs", "__weakref__")
+
+    def __init__(self):
+        self.nodes: list = []  # Prog per node
+        self.refs: list = []  # input refs per node (tuple of ints)
+        self.h = 0  # running structural hash
+        self.leaves: list = []  # materialized inputs (jax arrays)
+        self.leaf_index: dict = {}  # id(array) -> leaf number
+        self.scalars: list = []  # runtime scalars, flat
+        self.storages = weakref.WeakSet()  # storages that hold a pending value of this trace
+        self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
+        self.done = False
+        self.srcs: list = []  # user source line per node (when recorded)
+
+
+_trace = Trace()
+_cache: LRUCache = LRUCache(maxsize=config.cache_size)
+_history = {"flushes": 0, "compiles": 0}
+
+
+def current() -> Trace:
+    return _trace
+
+
+def pending_count() -> int:
+    return len(_trace.nodes)
+
+
+def record(prog, inputs, scalars):
+    """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings."""
+    tr = _trace
+    refs = []
+    h = tr.h
+    for v in inputs:
+        if type(v) is Pending:
+            if v.trace is tr:
+                refs.append((v.node << _SHIFT) | v.idx)
+                continue
+            if v.result is None:
+                raise RuntimeError("lazyrt: internal error: a pending value of an earlier trace "
+                                   "was never materialized")
+            v = v.result
+        k = id(v)
+        li = tr.leaf_index.get(k)
+        if li is None:
+            li = len(tr.leaves)
+            tr.leaf_index[k] = li
+            tr.leaves.append(v)
+            h = hash((h, -1, v.shape, v.dtype))
+        refs.append(-li - 1)
+    refs = tuple(refs)
+    n = len(tr.nodes)
+    tr.nodes.append(prog)
+    tr.refs.append(refs)
+    tr.h = hash((h, prog.uid, refs))
+    if scalars:
+        tr.scalars.extend(scalars)
+    if config.record_source or config.explain_recompile:
+        tr.srcs.append(_source.user_line(3))
+    COUNTERS["ops_recorded"] += 1
+    return [Pending(tr, n, i, av) for i, av in enumerate(prog.out_avals)]
+
+
+def note_storage(st, old) -> None:
+    """``st`` now holds a pending value; ``old`` was its previous value."""
+    tr = _trace
+    tr.storages.add(st)
+    if old is not None and type(old) is not Pending:
+        tr.overwritten.add(id(old))
+
+
+def maybe_flush_budget() -> None:
+    if len(_trace.nodes) >= config.max_pending_ops:
+        flush(reason="pending-op budget (LAZYRT_MAX_PENDING_OPS)")
+
+
+class _Exe:
+    __slots__ = ("compiled", "mem", "desc", "src", "hits", "hlo")
+
+    def __init__(self, compiled, mem, desc, src):
+        self.compiled = compiled
+        self.mem = mem
+        self.desc = desc
+        self.src = src
+        self.hits = 0
+
+
+def _live_outputs(tr: Trace):
+    outs, seen = [], {}
+    for st in list(tr.storages):
+        v = st.value
+        if type(v) is Pending and v.trace is tr:
+            r = (v.node << _SHIFT) | v.idx
+            if r not in seen:
+                seen[r] = len(seen)
+            outs.append((st, seen[r]))
+    return outs, tuple(seen)
+
+
+def _needed(tr: Trace, out_refs) -> list:
+    need = [False] * len(tr.nodes)
+    for r in out_refs:
+        need[r >> _SHIFT] = True
+    for n in range(len(tr.nodes) - 1, -1, -1):
+        if need[n]:
+            for r in tr.refs[n]:
+                if r >= 0:
+                    need[r >> _SHIFT] = True
+    return need
+
+
+def _build_fn(tr: Trace, out_refs, donate_mask):
+    nodes = list(tr.nodes)
+    refs = list(tr.refs)
+    need = _needed(tr, out_refs)
+    n_leaves = len(tr.leaves)
+    # Scalar offsets per node.
+    offs, o = [], 0
+    for p in nodes:
+        offs.append(o)
+        o += len(p.scalar_kinds)
+    donated_pos = [i for i in range(n_leaves) if donate_mask[i]]
+    kept_pos = [i for i in range(n_leaves) if not donate_mask[i]]
+
+    def fn(donated, kept, scal):
+        leaves = [None] * n_leaves
+        for i, a in zip(donated_pos, donated):
+            leaves[i] = a
+        for i, a in zip(kept_pos, kept):
+            leaves[i] = a
+        vals = [None] * len(nodes)
+        for n, p in enumerate(nodes):
+            if not need[n]:
+                continue
+            ins = [leaves[-r - 1] if r < 0 else vals[r >> _SHIFT][r & _MASK] for r in refs[n]]
+            sk = p.scalar_kinds
+            if sk:
+                o = offs[n]
+                for j, kind in enumerate(sk):
+                    s = scal[o + j]
+                    if kind == "i":
+                        ins.append(s.astype(np.int64))
+                    else:
+                        # NOTE: weak-typed, as a Python float is in PyTorch: f32 * lr stays f32.
+                        ins.append(_convert_element_type(s, weak_type=True))
+            vals[n] = p.fn(*ins)
+        return [vals[r >> _SHIFT][r & _MASK] for r in out_refs]
+
+    return fn
+
+
+def _describe(tr: Trace) -> list:
+    out = []
+    for p, refs in zip(tr.nodes, tr.refs):
+        ins = []
+        for r in refs:
+            if r < 0:
+                leaf = tr.leaves[-r - 1]
+                ins.append(f"in{-r - 1}:{tuple(leaf.shape)}:{leaf.dtype}")
+            else:
+                ins.append(f"%{r >> _SHIFT}")
+        out.append(f"{p.name}[{p.desc}]({', '.join(ins)})")
+    return out
+
+
+def _explain(key, tr: Trace, src: str) -> None:
+    if not _cache or _history["compiles"] < 2:
+        return
+    desc = _describe(tr)
+    best, best_ratio = None, -1.0
+    for exe in list(_cache.values())[-32:]:
+        r = difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio()
+        if r > best_ratio:
+            best, best_ratio = exe, r
+    lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush triggered at {src})"]
+    if best is None:
+        lines.append("  no cached trace to compare with")
+    else:
+        lines.append(f"  closest cached trace: {len(best.desc)} ops, {best_ratio:.0%} similar "
+                     f"(compiled for the flush at {best.src})")
+        sm = difflib.SequenceMatcher(a=best.desc, b=desc, autojunk=False)
+        shown = 0
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag == "equal":
+                continue
+            for k in range(max(i2 - i1, j2 - j1)):
+                old = best.desc[i1 + k] if i1 + k < i2 else "-"
+                new = desc[j1 + k] if j1 + k < j2 else "-"
+                where = tr.srcs[j1 + k] if j1 + k < j2 and j1 + k < len(tr.srcs) else ""
+                lines.append(f"  op {j1 + k}: was {old}\n          now {new}" + (f"  ({where})" if where else ""))
+                shown += 1
+                if shown >= 8:
+                    break
+            if shown >= 8:
+                lines.append("  ...")
+                break
+        if shown == 0:
+            lines.append("  same ops; the set of live outputs or donated inputs differs")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _hash_hex(key) -> str:
+    return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+
+
+def flush(reason: str = "sync") -> None:
+    """Run the pending trace as one computation and materialize its live outputs."""
+    global _trace
+    with LOCK:
+        tr = _trace
+        if not tr.nodes:
+            return
+        t_start = time.perf_counter()
+        src = _source.user_line(2)
+        outs, out_refs = _live_outputs(tr)
+        n_leaves = len(tr.leaves)
+        leaves = tr.leaves
+        # NOTE: donate a leaf only if its storage was overwritten in this trace and
+        # nothing but the trace still references the array (refcount: the leaves list,
+        # the loop variable and getrefcount's argument).
+        donate_mask = []
+        ow = tr.overwritten
+        for a in leaves:
+            donate_mask.append(id(a) in ow and sys.getrefcount(a) <= 3)
+        donate_mask = tuple(donate_mask)
+        key = (tr.h, len(tr.nodes), out_refs, donate_mask)
+        exe = _cache.get(key)
+        hit = exe is not None
+        donated = [a for a, d in zip(leaves, donate_mask) if d]
+        kept = [a for a, d in zip(leaves, donate_mask) if not d]
+        scal = np.asarray(tr.scalars, dtype=np.float64)
+        compile_s = 0.0
+        try:
+            if exe is None:
+                if config.explain_recompile:
+                    _explain(key, tr, src)
+                t0 = time.perf_counter()
+                fn = _build_fn(tr, out_refs, donate_mask)
+                with _X64(True), warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                    compiled = jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal).compile()
+                compile_s = time.perf_counter() - t0
+                exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src)
+                _cache[key] = exe
+                _history["compiles"] += 1
+                COUNTERS["cache_misses"] += 1
+                COUNTERS["compile_seconds"] += compile_s
+            else:
+                exe.hits += 1
+                COUNTERS["cache_hits"] += 1
+            live_before = memory._state["live"]
+            passed = memory.bytes_of(leaves)
+            t0 = time.perf_counter()
+            with _X64(True), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                results = exe.compiled(donated, kept, scal)
+            exec_s = time.perf_counter() - t0
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            ops = ", ".join(sorted({p.name for p in tr.nodes}))
+            where = ""
+            if tr.srcs:
+                where = "\n  recorded at: " + "\n  ".join(sorted(set(tr.srcs))[:10])
+            raise RuntimeError(
+                f"lazyrt: flushing the pending trace ({len(tr.nodes)} ops: {ops}) failed at "
+                f"{src}: {type(e).__name__}: {e}{where}\nThe pending tensors are intact."
+            ) from e
+        # Materialize: from here on nothing may fail.
+        track = memory.track
+        for r in results:
+            track(r)
+        del donated, kept
+        _trace = Trace()
+        tr.done = True
+        pend_res = {}
+        for st, k in outs:
+            v = st.value
+            res = results[k]
+            v.result = res
+            st.value = res
+            pend_res[k] = res
+        n_ops = len(tr.nodes)
+        COUNTERS["flushes"] += 1
+        COUNTERS["executions"] += 1
+        COUNTERS["execute_seconds"] += exec_s
+        if n_ops > COUNTERS["max_trace_ops"]:
+            COUNTERS["max_trace_ops"] = n_ops
+        _history["flushes"] += 1
+        largest = sorted(((int(r.nbytes), tuple(r.shape), str(r.dtype)) for r in results),
+                         reverse=True)[:5]
+        memory.record_execution(
+            mode="defer", name=reason, trace_hash=_hash_hex(key), num_ops=n_ops, cache_hit=hit,
+            compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
+            live_before=live_before, passed_bytes=passed, source=src,
+            largest=[{"bytes": b, "shape": list(s), "dtype": d} for b, s, d in largest],
+            t_start=t_start)
+        if config.mode == "debug":
+            for r in results:
+                r.block_until_ready()
+
+
+def graph_text(tr: Trace, only=None) -> str:
+    lines = [f"lazyrt pending trace: {len(tr.nodes)} ops, {len(tr.leaves)} inputs"]
+    for i, leaf in enumerate(tr.leaves):
+        lines.append(f"  in{i}: {tuple(leaf.shape)} {leaf.dtype}")
+    for n, (p, refs) in enumerate(zip(tr.nodes, tr.refs)):
+        if only is not None and not only[n]:
+            continue
+        ins = ", ".join(f"in{-r - 1}" if r < 0 else
+                        (f"%{r >> _SHIFT}" if len(tr.nodes[r >> _SHIFT].out_avals) == 1
+                         else f"%{r >> _SHIFT}.{r & _MASK}") for r in refs)
+        outs = ", ".join(f"{tuple(s)} {d}" for s, d in p.out_avals)
+        src = f"  # {tr.srcs[n]}" if n < len(tr.srcs) else ""
+        static = f"[{p.desc}]" if p.desc else ""
+        lines.append(f"  %{n} = {p.name}{static}({ins}) -> {outs}{src}")
+    return "\n".join(lines)
+
+
+def needed_for(tr: Trace, pendings) -> list:
+    refs = [(p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr]
+    return _needed(tr, refs)
+
+
+def hlo_text(tr: Trace, pendings) -> str:
+    refs = tuple((p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr)
+    if not refs:
+        return ""
+    mask = tuple(False for _ in tr.leaves)
+    fn = _build_fn(tr, refs, mask)
+    with _X64(True):
+        lowered = jax.jit(fn).lower([], list(tr.leaves), np.asarray(tr.scalars, dtype=np.float64))
+    return lowered.as_text()
+
+
+def cache_info() -> dict:
+    return {"entries": len(_cache), "maxsize": _cache.maxsize, "compiles": _history["compiles"],
+            "flushes": _history["flushes"]}
+
+
+def set_cache_size(n: int) -> None:
+    global _cache
+    new = LRUCache(maxsize=n)
+    for k, v in list(_cache.items())[-n:]:
+        new[k] = v
+    _cache = new

@@ -1,0 +1,67 @@
+"""torch <-> JAX dtype mapping."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+}
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+
+def to_jax(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"lazyrt: dtype {dtype} is not supported on the tpu device") from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
+    """Host numpy array (possibly bfloat16/float8) to a CPU torch tensor (copying)."""
+    dt = a.dtype
+    if dt == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint16).copy()).view(torch.bfloat16)
+    if dt == ml_dtypes.float8_e4m3fn:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    if dt == ml_dtypes.float8_e5m2:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(torch.float8_e5m2)
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """CPU torch tensor to a numpy array with the matching JAX-compatible dtype."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    if t.dtype == torch.float8_e5m2:
+        return t.contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e5m2)
+    return t.numpy()

@@ -1,0 +1,63 @@
+"""The two value kinds lazyrt computes with, and the unit of computation.
+
+* a materialized value is a ``jax.Array``;
+* a pending value (defer mode) is a ``Pending``: output ``idx`` of node ``node``
+  of a ``Trace`` not yet run.
+
+A ``Prog`` is a pure JAX function over flat arrays and scalars with known
+output avals: one ATen op with its static arguments bound (a plan), or a
+runtime helper (deriving a view, writing through a view). Strict mode runs a
+Prog compiled on its own; defer mode records it as a node and later traces it
+into the flush's single computation.
+"""
+from __future__ import annotations
+
+import itertools
+
+_uids = itertools.count(1)
+
+
+class Prog:
+    __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op")
+
+    def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None):
+        self.uid = next(_uids)
+        self.name = name
+        # fn(*arrays, *scalars) -> tuple of arrays
+        self.fn = fn
+        # one of "f" (float) / "i" (int, an RNG seed) per scalar input
+        self.scalar_kinds = scalar_kinds
+        # ((shape, jnp dtype), ...) of the outputs
+        self.out_avals = out_avals
+        # strict mode: the compiled executable and its memory analysis
+        self.exe = None
+        self.mem = None
+        self.desc = desc
+        self.op = op
+
+    def __repr__(self) -> str:
+        return f"Prog({self.name})"
+
+
+class Pending:
+    """Output ``idx`` of node ``node`` in ``trace``; ``result`` once run."""
+
+    __slots__ = ("trace", "node", "idx", "aval", "result")
+
+    def __init__(self, trace, node: int, idx: int, aval):
+        self.trace = trace
+        self.node = node
+        self.idx = idx
+        self.aval = aval
+        self.result = None
+
+    @property
+    def shape(self):
+        return self.aval[0]
+
+    @property
+    def dtype(self):
+        return self.aval[1]
+
+    def __repr__(self) -> str:
+        return f"Pending(%{self.node}.{self.idx}, {self.aval[0]}, {self.aval[1]})"

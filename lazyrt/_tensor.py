@@ -1,0 +1,161 @@
+"""The ``tpu`` tensor: a wrapper subclass whose value lives in a shared Storage.
+
+Aliasing is lazyrt's own (not PyTorch's functionalization, see ARCHITECTURE):
+
+* a base tensor and all its views share one ``Storage``; the storage holds the
+  base's value (a ``jax.Array`` or a ``Pending``) and a version counter;
+* a view keeps ``_chain``: the view steps (plan, output index) that derive it
+  from the base value, and a cached value tagged with the storage version;
+* an in-place op computes the new value functionally and rebinds the storage;
+  writing through a view scatters the new value into the base (one helper
+  computation), so every other alias sees it on its next read.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _dtypes
+from ._ir import Pending
+
+DEVICE = torch.device("tpu", 0)
+
+
+class Storage:
+    __slots__ = ("value", "version", "__weakref__")
+
+    def __init__(self, value):
+        self.value = value
+        self.version = 0
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the ``tpu`` device. Users never build one directly."""
+
+    _st: Storage
+    _chain: tuple | None
+    _spec: tuple
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, spec, st, chain=None, cache=None, cver=-1):
+        shape, stride, dtype, offset = spec
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+            requires_grad=False)
+        r._spec = spec
+        r._st = st
+        r._chain = chain
+        r._cache = cache
+        r._cver = cver
+        return r
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+    # ---- host-side conveniences -------------------------------------------------
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from ._device import tensor_repr
+
+        return tensor_repr(self)
+
+    __str__ = __repr__
+
+    def __format__(self, spec):
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        if force:
+            return self.detach().cpu().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        else:
+            new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto):
+        # Pickling a tpu tensor (torch.save) stores its CPU value and device.
+        return (_rebuild_from_cpu, (self.detach().cpu(), self.requires_grad))
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, other):
+        if not isinstance(other, TpuTensor):
+            raise RuntimeError(
+                f"data set to a tensor that requires gradients must be a tpu tensor; "
+                f"got a tensor on {other.device}")
+        torch._C.TensorBase.data.__set__(self, other)
+        self._spec = other._spec
+        self._st = other._st
+        self._chain = other._chain
+        self._cache = other._cache
+        self._cver = other._cver
+
+
+def _rebuild_from_cpu(t, requires_grad):
+    out = t.to(DEVICE)
+    out.requires_grad_(requires_grad)
+    return out
+
+
+def _dispatch(func, args, kwargs):  # replaced by lazyrt._dispatch at import
+    raise RuntimeError("lazyrt dispatcher not initialized")
+
+
+def spec_of(shape, stride, dtype, offset=0) -> tuple:
+    return (tuple(shape), tuple(stride), dtype, offset)
+
+
+def contiguous_strides(shape) -> tuple:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def from_value(value, dtype: torch.dtype | None = None) -> TpuTensor:
+    """A fresh base tensor holding ``value`` (array or Pending)."""
+    shape = tuple(value.shape)
+    if dtype is None:
+        dtype = _dtypes.to_torch(value.dtype)
+    st = Storage(value)
+    t = TpuTensor((shape, contiguous_strides(shape), dtype, 0), st)
+    if type(value) is Pending:
+        from . import _defer
+
+        _defer.note_storage(st, None)
+    return t
+
+
+def host_array(value) -> np.ndarray:
+    return np.asarray(value)

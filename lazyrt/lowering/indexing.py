@@ -1,0 +1,300 @@
+"""Indexing, gather/scatter and the data-dependent ops (nonzero, masked_select,
+unique), which run at a sync point on concrete values."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._registry import aten, lower
+from ._util import canon_dim
+
+
+def _index_tuple(self, indices):
+    """ATen advanced indexing: a list of (None | int64 tensor) per leading dim."""
+    idx = []
+    for i, t in enumerate(indices):
+        if t is None:
+            idx.append(slice(None))
+        else:
+            n = self.shape[i]
+            t = t.astype(jnp.int64)
+            idx.append(jnp.where(t < 0, t + n, t))
+    return tuple(idx)
+
+
+@lower(aten.index.Tensor)
+def index(self, indices):
+    return self[_index_tuple(self, indices)]
+
+
+@lower(aten.index_put.default)
+def index_put(self, indices, values, accumulate=False):
+    idx = _index_tuple(self, indices)
+    values = values.astype(self.dtype)
+    if accumulate:
+        return self.at[idx].add(values)
+    return self.at[idx].set(values)
+
+
+@lower(aten._unsafe_index.Tensor)
+def _unsafe_index(self, indices):
+    return index(self, indices)
+
+
+@lower(aten._unsafe_index_put.default)
+def _unsafe_index_put(self, indices, values, accumulate=False):
+    return index_put(self, indices, values, accumulate)
+
+
+@lower(aten.index_select.default)
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return self.reshape(1)[index.reshape(-1)].reshape(index.shape)
+    return jnp.take(self, index.astype(jnp.int64), axis=canon_dim(dim, self.ndim))
+
+
+@lower(aten.gather.default)
+def gather(self, dim, index, *, sparse_grad=False):
+    if self.ndim == 0:
+        return self.reshape(index.shape) if index.size else jnp.zeros(index.shape, self.dtype)
+    d = canon_dim(dim, self.ndim)
+    return jnp.take_along_axis(self, index.astype(jnp.int64), axis=d, mode="clip")
+
+
+def _scatter_index(self, dim, index):
+    d = canon_dim(dim, self.ndim)
+    grids = jnp.meshgrid(*[jnp.arange(s) for s in index.shape], indexing="ij")
+    grids[d] = index.astype(jnp.int64)
+    return tuple(grids)
+
+
+@lower(aten.scatter.src, aten.scatter.value)
+def scatter(self, dim, index, src):
+    if self.ndim == 0:
+        return jnp.asarray(src, self.dtype).reshape(()) if index.size else self
+    idx = _scatter_index(self, dim, index)
+    if hasattr(src, "shape") and src.ndim:
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    return self.at[idx].set(jnp.asarray(src).astype(self.dtype))
+
+
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    idx = _scatter_index(self, dim, index)
+    if hasattr(src, "shape") and src.ndim:
+        src = src[tuple(slice(0, s) for s in index.shape)]
+    src = jnp.asarray(src).astype(self.dtype)
+    if reduce == "add":
+        return self.at[idx].add(src)
+    if reduce == "multiply":
+        return self.at[idx].multiply(src)
+    raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
+
+
+@lower(aten.scatter_add.default)
+def scatter_add(self, dim, index, src):
+    if self.ndim == 0:
+        return self + (src.reshape(()) if index.size else 0)
+    idx = _scatter_index(self, dim, index)
+    src = src[tuple(slice(0, s) for s in index.shape)]
+    return self.at[idx].add(src.astype(self.dtype))
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if self.ndim == 0:
+        self = self.reshape(1)
+        index = index.reshape(-1)
+        src = src.reshape(-1)
+        return scatter_reduce(self, 0, index, src, reduce, include_self=include_self).reshape(())
+    idx = _scatter_index(self, dim, index)
+    src = src[tuple(slice(0, s) for s in index.shape)].astype(self.dtype)
+    touched = jnp.zeros(self.shape, jnp.bool_).at[idx].set(True)
+    if reduce == "sum":
+        base = self if include_self else jnp.where(touched, 0, self)
+        return base.at[idx].add(src)
+    if reduce == "prod":
+        base = self if include_self else jnp.where(touched, 1, self)
+        return base.at[idx].multiply(src)
+    if reduce in ("amax", "amin"):
+        if jnp.issubdtype(self.dtype, jnp.inexact):
+            fill = -jnp.inf if reduce == "amax" else jnp.inf
+        else:
+            info = jnp.iinfo(self.dtype)
+            fill = info.min if reduce == "amax" else info.max
+        base = self if include_self else jnp.where(touched, fill, self)
+        return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
+    if reduce == "mean":
+        base = self if include_self else jnp.where(touched, 0, self)
+        s = base.at[idx].add(src)
+        cnt = jnp.full(self.shape, 1 if include_self else 0, jnp.int64).at[idx].add(1)
+        cnt = jnp.maximum(cnt, 1)
+        out = s / cnt
+        if not jnp.issubdtype(self.dtype, jnp.inexact):
+            out = jnp.floor_divide(s, cnt)
+        return out
+    raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+
+
+@lower(aten.index_add.default)
+def index_add(self, dim, index, source, *, alpha=1):
+    d = canon_dim(dim, self.ndim) if self.ndim else 0
+    if self.ndim == 0:
+        return self + alpha * source.reshape(())
+    idx = [slice(None)] * self.ndim
+    idx[d] = index.astype(jnp.int64)
+    return self.at[tuple(idx)].add((alpha * source).astype(self.dtype))
+
+
+@lower(aten.index_copy.default)
+def index_copy(self, dim, index, source):
+    if self.ndim == 0:
+        return source.reshape(())
+    d = canon_dim(dim, self.ndim)
+    idx = [slice(None)] * self.ndim
+    idx[d] = index.astype(jnp.int64)
+    return self.at[tuple(idx)].set(source.astype(self.dtype))
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(self, dim, index, value):
+    if self.ndim == 0:
+        return jnp.asarray(value, self.dtype).reshape(())
+    d = canon_dim(dim, self.ndim)
+    idx = [slice(None)] * self.ndim
+    idx[d] = index.astype(jnp.int64)
+    return self.at[tuple(idx)].set(jnp.asarray(value).astype(self.dtype))
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(self, mask, source):
+    mask = jnp.broadcast_to(mask, self.shape)
+    pos = jnp.cumsum(mask.reshape(-1)) - 1
+    src = source.reshape(-1)
+    vals = src[jnp.clip(pos, 0, max(src.size - 1, 0))].reshape(self.shape)
+    return jnp.where(mask, vals.astype(self.dtype), self)
+
+
+@lower(aten.take.default)
+def take(self, index):
+    flat = self.reshape(-1)
+    i = index.astype(jnp.int64)
+    return flat[jnp.where(i < 0, i + flat.size, i)]
+
+
+@lower(aten.take_along_dim.default)
+def take_along_dim(self, indices, dim=None):
+    if dim is None:
+        return take(self, indices.reshape(-1))
+    return jnp.take_along_axis(self, indices.astype(jnp.int64), axis=canon_dim(dim, self.ndim))
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices.astype(jnp.int64), axis=0)
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1).astype(jnp.int64)
+    g = grad_output.reshape(idx.shape[0], -1)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[idx].add(1)
+        g = g / counts[idx][:, None]
+    if padding_idx >= 0:
+        g = jnp.where((idx == padding_idx)[:, None], 0, g)
+    out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[idx].add(g)
+    return out
+
+
+@lower(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    side = side or ("right" if right else "left")
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, self, side=side)
+    flat_seq = seq.reshape(-1, seq.shape[-1])
+    flat_v = self.reshape(flat_seq.shape[0], -1)
+    out = jnp.stack([jnp.searchsorted(s, v, side=side) for s, v in zip(flat_seq, flat_v)]) \
+        if flat_seq.shape[0] <= 64 else None
+    if out is None:
+        import jax
+
+        out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_v)
+    return out.reshape(self.shape)
+
+
+@lower(aten.bucketize.Tensor)
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, self, side="right" if right else "left")
+
+
+# ---- data-dependent shapes: run on concrete values at a sync point ----------------------------
+
+
+@lower(aten.nonzero.default, data_dependent=True)
+def nonzero(self):
+    a = np.asarray(self)
+    return jnp.asarray(np.stack(np.nonzero(a), axis=-1).astype(np.int64).reshape(-1, a.ndim))
+
+
+@lower(aten.masked_select.default, data_dependent=True)
+def masked_select(self, mask):
+    a, m = np.broadcast_arrays(np.asarray(self), np.asarray(mask))
+    return jnp.asarray(a[m])
+
+
+def _unique_np(a, sorted_, return_inverse, return_counts, dim=None):
+    a = np.asarray(a)
+    if dim is None:
+        vals, inv, cnt = np.unique(a.reshape(-1), return_inverse=True, return_counts=True)
+        inv = inv.reshape(a.shape)
+    else:
+        vals, inv, cnt = np.unique(a, return_inverse=True, return_counts=True, axis=dim)
+        inv = inv.reshape(-1)
+    return (jnp.asarray(vals), jnp.asarray(inv.astype(np.int64)), jnp.asarray(cnt.astype(np.int64)))
+
+
+@lower(aten._unique2.default, data_dependent=True)
+def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    v, i, c = _unique_np(self, sorted, return_inverse, return_counts)
+    if not return_inverse:
+        i = jnp.zeros((0,), jnp.int64)
+    if not return_counts:
+        c = jnp.zeros((0,), jnp.int64)
+    return v, i, c
+
+
+@lower(aten._unique.default, data_dependent=True)
+def _unique(self, sorted=True, return_inverse=False):
+    v, i, _ = _unique_np(self, sorted, return_inverse, False)
+    return v, (i if return_inverse else jnp.zeros((0,), jnp.int64))
+
+
+@lower(aten.unique_dim.default, data_dependent=True)
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    v, i, c = _unique_np(self, sorted, return_inverse, return_counts, dim=canon_dim(dim, self.ndim))
+    return v, i, c
+
+
+@lower(aten.unique_consecutive.default, data_dependent=True)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    a = np.asarray(self)
+    if dim is None:
+        flat = a.reshape(-1)
+        if flat.size == 0:
+            return (jnp.asarray(flat), jnp.zeros(a.shape, jnp.int64), jnp.zeros((0,), jnp.int64))
+        change = np.concatenate([[True], flat[1:] != flat[:-1]])
+        vals = flat[change]
+        inv = (np.cumsum(change) - 1).reshape(a.shape)
+        cnt = np.diff(np.append(np.nonzero(change)[0], flat.size))
+        return jnp.asarray(vals), jnp.asarray(inv.astype(np.int64)), jnp.asarray(cnt.astype(np.int64))
+    d = canon_dim(dim, a.ndim)
+    m = np.moveaxis(a, d, 0).reshape(a.shape[d], -1)
+    change = np.concatenate([[True], np.any(m[1:] != m[:-1], axis=1)])
+    vals = np.moveaxis(np.moveaxis(a, d, 0)[change], 0, d)
+    inv = np.cumsum(change) - 1
+    cnt = np.diff(np.append(np.nonzero(change)[0], m.shape[0]))
+    return jnp.asarray(vals), jnp.asarray(inv.astype(np.int64)), jnp.asarray(cnt.astype(np.int64))

@@ -1,0 +1,86 @@
+"""Matrix products and linear algebra. fp32 matmuls honour
+``torch.set_float32_matmul_precision`` ("highest": full fp32, PyTorch's default;
+"high"/"medium": XLA's faster bf16-pass precisions, TPU's default)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._registry import aten, lower
+from ._util import matmul_precision
+
+
+def _dot(a, b):
+    return jnp.matmul(a, b, precision=matmul_precision(),
+                      preferred_element_type=jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None)
+
+
+@lower(aten.mm.default)
+def mm(self, mat2):
+    return _dot(self, mat2)
+
+
+@lower(aten.bmm.default)
+def bmm(self, mat2):
+    return _dot(self, mat2)
+
+
+@lower(aten.matmul.default)
+def matmul(self, other):
+    return _dot(self, other)
+
+
+@lower(aten.mv.default)
+def mv(self, vec):
+    return _dot(self, vec)
+
+
+@lower(aten.dot.default, aten.vdot.default)
+def dot(self, tensor):
+    return jnp.sum(self * tensor) if True else None
+
+
+@lower(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    out = _dot(mat1, mat2)
+    if not (isinstance(alpha, int) and alpha == 1):
+        out = out * alpha
+    if isinstance(beta, int) and beta == 0:
+        return out
+    if not (isinstance(beta, int) and beta == 1):
+        return out + beta * self
+    return out + self
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return beta * self + alpha * _dot(mat, vec)
+
+
+@lower(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    out = alpha * _dot(batch1, batch2)
+    if isinstance(beta, int) and beta == 0:
+        return out
+    return out + beta * self
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    out = alpha * jnp.sum(_dot(batch1, batch2), axis=0)
+    if isinstance(beta, int) and beta == 0:
+        return out
+    return out + beta * self
+
+
+@lower(aten.outer.default, aten.ger.default)
+def outer(self, vec2):
+    return jnp.outer(self, vec2)
+
+
+@lower(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    out = alpha * jnp.outer(vec1, vec2)
+    if isinstance(beta, int) and beta == 0:
+        return out
+    return out + beta * self

@@ -1,0 +1,549 @@
+"""Neural-network ops: normalization, convolution, pooling, losses and their
+backward ops."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._registry import aten, lower
+from ._util import matmul_precision, opmath
+
+# ---- normalization -----------------------------------------------------------------
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    x = opmath(input)
+    k = len(normalized_shape)
+    ax = tuple(range(x.ndim - k, x.ndim))
+    mean = jnp.mean(x, axis=ax, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=ax, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
+
+
+@lower(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               output_mask):
+    x = opmath(input)
+    g = opmath(grad_out)
+    k = len(normalized_shape)
+    ax = tuple(range(x.ndim - k, x.ndim))
+    bax = tuple(range(x.ndim - k))
+    n = 1
+    for s in normalized_shape:
+        n *= s
+    xhat = (x - mean) * rstd
+    gw = g * weight if weight is not None else g
+    dx = None
+    if output_mask[0]:
+        dx = rstd / n * (n * gw - jnp.sum(gw, axis=ax, keepdims=True)
+                         - xhat * jnp.sum(gw * xhat, axis=ax, keepdims=True))
+    dw = jnp.sum(g * xhat, axis=bax) if output_mask[1] and weight is not None else None
+    db = jnp.sum(g, axis=bax) if output_mask[2] and bias is not None else None
+    return dx, dw, db
+
+
+def _bn_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _bshape(x, v):
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    x = opmath(input)
+    ax = _bn_axes(x)
+    if training:
+        mean = jnp.mean(x, axis=ax)
+        var = jnp.mean(jnp.square(x - _bshape(x, mean)), axis=ax)
+        n = x.size // x.shape[1]
+        new_rm = new_rv = None
+        if running_mean is not None:
+            new_rm = (1 - momentum) * running_mean + momentum * mean
+        if running_var is not None:
+            unbiased = var * (n / max(n - 1, 1))
+            new_rv = (1 - momentum) * running_var + momentum * unbiased
+        rstd = lax.rsqrt(var + eps)
+        save_mean, save_rstd = mean, rstd
+    else:
+        mean, var = running_mean, running_var
+        rstd = lax.rsqrt(var + eps)
+        new_rm, new_rv = running_mean, running_var
+        save_mean = jnp.zeros((0,), x.dtype)
+        save_rstd = jnp.zeros((0,), x.dtype)
+    out = (x - _bshape(x, mean)) * _bshape(x, rstd)
+    if weight is not None:
+        out = out * _bshape(x, weight)
+    if bias is not None:
+        out = out + _bshape(x, bias)
+    return out, save_mean, save_rstd, new_rm, new_rv
+
+
+@lower(aten.native_batch_norm.default, mutates=("running_mean", "running_var"))
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    muts = tuple(v for v, r in ((rm, running_mean), (rv, running_var)) if r is not None)
+    return (out, sm, sr) + muts
+
+
+@lower(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    return out, sm, sr, rm, rv
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    out, sm, sr, _, _ = _batch_norm(input, weight, bias, None, None, True, momentum, eps)
+    return out, sm, sr
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, sm, sr, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)
+    return out, sm, sr
+
+
+@lower(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                               save_invstd, train, eps, output_mask):
+    x = opmath(input)
+    g = opmath(grad_out)
+    ax = _bn_axes(x)
+    if train:
+        mean, rstd = save_mean, save_invstd
+    else:
+        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
+    n = x.size // x.shape[1]
+    xhat = (x - _bshape(x, mean)) * _bshape(x, rstd)
+    w = weight if weight is not None else jnp.ones((x.shape[1],), x.dtype)
+    dx = None
+    if output_mask[0]:
+        if train:
+            gs = jnp.sum(g, axis=ax)
+            gxs = jnp.sum(g * xhat, axis=ax)
+            dx = _bshape(x, w * rstd) / n * (n * g - _bshape(x, gs) - xhat * _bshape(x, gxs))
+        else:
+            dx = g * _bshape(x, w * rstd)
+    dw = jnp.sum(g * xhat, axis=ax) if output_mask[1] else None
+    db = jnp.sum(g, axis=ax) if output_mask[2] else None
+    return dx, dw, db
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = opmath(input)
+    xr = x.reshape(N, group, -1)
+    mean = jnp.mean(xr, axis=-1)
+    var = jnp.mean(jnp.square(xr - mean[..., None]), axis=-1)
+    rstd = lax.rsqrt(var + eps)
+    out = ((xr - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    if weight is not None:
+        out = out * _bshape(x, weight)
+    if bias is not None:
+        out = out + _bshape(x, bias)
+    return out, mean, rstd
+
+
+@lower(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    x = opmath(input)
+    g = opmath(grad_out)
+    xr = x.reshape(N, group, -1)
+    xhat = ((xr - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    w = weight if weight is not None else jnp.ones((C,), x.dtype)
+    gw = (g * _bshape(x, w)).reshape(N, group, -1)
+    xh = xhat.reshape(N, group, -1)
+    m = gw.shape[-1]
+    dx = None
+    if output_mask[0]:
+        dx = (rstd[..., None] / m * (m * gw - jnp.sum(gw, -1, keepdims=True)
+                                     - xh * jnp.sum(gw * xh, -1, keepdims=True))).reshape(x.shape)
+    red = (0,) + tuple(range(2, x.ndim))
+    dw = jnp.sum(g * xhat, axis=red) if output_mask[1] else None
+    db = jnp.sum(g, axis=red) if output_mask[2] else None
+    return dx, dw, db
+
+
+# ---- convolution ----------------------------------------------------------------------------
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + "DHW"[3 - nd:], "OI" + "DHW"[3 - nd:],
+                                                       "NC" + "DHW"[3 - nd:]))
+    prec = matmul_precision()
+    pref = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+    if not transposed:
+        return lax.conv_general_dilated(x, w, tuple(stride), [(p, p) for p in padding],
+                                        rhs_dilation=tuple(dilation), dimension_numbers=dn,
+                                        feature_group_count=groups, precision=prec,
+                                        preferred_element_type=pref)
+    # Transposed conv = gradient of conv w.r.t. its input: dilate the input by the stride.
+    # weight: [Cin, Cout/groups, k...] -> [Cout, Cin/groups, k...], flipped.
+    cin = w.shape[0]
+    cout_g = w.shape[1]
+    k = w.shape[2:]
+    wg = w.reshape((groups, cin // groups, cout_g) + k)
+    wg = jnp.swapaxes(wg, 1, 2).reshape((groups * cout_g, cin // groups) + k)
+    wg = jnp.flip(wg, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(x, wg, (1,) * nd, pads, lhs_dilation=tuple(stride),
+                                    rhs_dilation=tuple(dilation), dimension_numbers=dn,
+                                    feature_group_count=groups, precision=prec,
+                                    preferred_element_type=pref)
+
+
+@lower(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    unbatched = False
+    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out if not unbatched else out[0]
+
+
+@lower(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask):
+    def f(x, w):
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, vjp = jax.vjp(f, input, weight)
+    dx, dw = vjp(grad_output.astype(jnp.result_type(input, weight)))
+    db = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))) if output_mask[2] else None
+    return (dx if output_mask[0] else None, dw if output_mask[1] else None, db)
+
+
+# ---- pooling ------------------------------------------------------------------------------
+
+
+def _pool_pads(x_shape, kernel, stride, padding, dilation, ceil_mode):
+    pads = []
+    for i, (n, k, s, p, d) in enumerate(zip(x_shape, kernel, stride, padding, dilation)):
+        eff = d * (k - 1) + 1
+        out = (n + 2 * p - eff) // s + 1
+        if ceil_mode:
+            out = -(-(n + 2 * p - eff) // s) + 1
+            if (out - 1) * s >= n + p:
+                out -= 1
+        hi = (out - 1) * s + eff - n - p
+        pads.append((p, max(hi, 0)))
+    return pads
+
+
+def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
+    kernel = tuple(kernel_size) * (nd if len(kernel_size) == 1 else 1)
+    stride = tuple(stride) if stride else kernel
+    stride = stride * (nd if len(stride) == 1 else 1)
+    padding = tuple(padding) * (nd if len(padding) == 1 else 1)
+    dilation = tuple(dilation) * (nd if len(dilation) == 1 else 1)
+    spatial = x.shape[-nd:]
+    pads = _pool_pads(spatial, kernel, stride, padding, dilation, ceil_mode)
+    lead = x.ndim - nd
+    neg = -jnp.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
+    # Flat spatial index of each element, carried through the window reduction.
+    idx = jnp.arange(int(jnp.prod(jnp.array(spatial))) if spatial else 1).reshape(spatial)
+    idx = jnp.broadcast_to(idx, x.shape)
+    win = (1,) * lead + kernel
+    strides = (1,) * lead + stride
+    dil = (1,) * lead + dilation
+    padcfg = [(0, 0)] * lead + pads
+
+    def reducer(a, b):
+        va, ia = a
+        vb, ib = b
+        take_b = (vb > va) | jnp.isnan(vb) if jnp.issubdtype(va.dtype, jnp.inexact) else vb > va
+        take_b = take_b | ((vb == va) & (ib < ia))
+        if jnp.issubdtype(va.dtype, jnp.inexact):
+            take_b = take_b & ~(jnp.isnan(va) & ~jnp.isnan(vb))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    vals, inds = lax.reduce_window((x, idx.astype(jnp.int64)),
+                                   (jnp.asarray(neg, x.dtype), jnp.asarray(-1, jnp.int64)),
+                                   reducer, win, strides, padcfg, window_dilation=dil)
+    return vals, inds
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+def _max_pool_backward(grad_output, self, indices, nd):
+    spatial = self.shape[-nd:]
+    lead = self.shape[:-nd]
+    n = 1
+    for s in spatial:
+        n *= s
+    g = grad_output.reshape(lead + (-1,))
+    i = indices.reshape(lead + (-1,))
+    out = jnp.zeros(lead + (n,), grad_output.dtype)
+    lead_idx = jnp.meshgrid(*[jnp.arange(s) for s in lead] + [jnp.arange(g.shape[-1])], indexing="ij")
+    out = out.at[tuple(lead_idx[:-1]) + (i,)].add(g)
+    return out.reshape(self.shape)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, indices, 2)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, indices, 3)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
+    kernel = tuple(kernel_size) * (nd if len(kernel_size) == 1 else 1)
+    stride = tuple(stride) if stride else kernel
+    stride = stride * (nd if len(stride) == 1 else 1)
+    padding = tuple(padding) * (nd if len(padding) == 1 else 1)
+    spatial = x.shape[-nd:]
+    pads = _pool_pads(spatial, kernel, stride, padding, (1,) * nd, ceil_mode)
+    lead = x.ndim - nd
+    xf = opmath(x)
+    win = (1,) * lead + kernel
+    strides = (1,) * lead + stride
+    padcfg = [(0, 0)] * lead + pads
+    s = lax.reduce_window(xf, jnp.asarray(0, xf.dtype), lax.add, win, strides, padcfg)
+    if divisor_override:
+        return s / divisor_override
+    # Divisor: window size clipped to the (explicitly) padded input, per PyTorch.
+    ones = jnp.ones(spatial, xf.dtype)
+    if count_include_pad:
+        ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
+        extra = [(0, hi - p) for (lo, hi), p in zip(pads, padding)]
+        cnt = lax.reduce_window(ones, jnp.asarray(0, xf.dtype), lax.add, kernel, stride,
+                                [(0, max(e, 0)) for _, e in extra])
+    else:
+        cnt = lax.reduce_window(ones, jnp.asarray(0, xf.dtype), lax.add, kernel, stride, pads)
+    return s / cnt
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 2)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 3)
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
+                                         count_include_pad, divisor_override, 2), opmath(self))
+    return vjp(opmath(grad_output))[0]
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, divisor_override):
+    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
+                                         count_include_pad, divisor_override, 3), opmath(self))
+    return vjp(opmath(grad_output))[0]
+
+
+def _adaptive_avg(x, output_size):
+    nd = len(output_size)
+    out = opmath(x)
+    for i, o in enumerate(output_size):
+        ax = x.ndim - nd + i
+        n = x.shape[ax]
+        if n % o == 0:
+            k = n // o
+            shape = out.shape[:ax] + (o, k) + out.shape[ax + 1:]
+            out = jnp.mean(out.reshape(shape), axis=ax + 1)
+        else:
+            pieces = []
+            for j in range(o):
+                s = (j * n) // o
+                e = -(-((j + 1) * n) // o)
+                pieces.append(jnp.mean(lax.slice_in_dim(out, s, e, axis=ax), axis=ax, keepdims=True))
+            out = jnp.concatenate(pieces, axis=ax)
+    return out
+
+
+@lower(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(grad_output, self):
+    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:]), opmath(self))
+    return vjp(opmath(grad_output))[0]
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad_output, self):
+    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:]), opmath(self))
+    return vjp(opmath(grad_output))[0]
+
+
+# ---- losses -------------------------------------------------------------------------------
+
+
+def _nll(self, target, weight, reduction, ignore_index):
+    x = opmath(self)
+    if x.ndim == 1:
+        x = x[None]
+        target = target.reshape(1)
+    c = x.shape[1]
+    t = target.astype(jnp.int64)
+    valid = t != ignore_index
+    tc = jnp.where(valid, t, 0)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(tc, 1), axis=1).squeeze(1)
+    w = jnp.ones((c,), x.dtype) if weight is None else weight.astype(x.dtype)
+    wt = jnp.where(valid, w[tc], 0)
+    loss = -picked * wt
+    if reduction == 0:
+        return loss if self.ndim > 1 else loss[0], jnp.zeros((), x.dtype)
+    total = jnp.sum(wt)
+    if reduction == 1:
+        return jnp.sum(loss) / total, total
+    return jnp.sum(loss), total
+
+
+@lower(aten.nll_loss_forward.default)
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    return _nll(self, target, weight, reduction, ignore_index)
+
+
+@lower(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
+    return _nll(self, target, weight, reduction, ignore_index)
+
+
+def _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    x = self
+    squeeze = x.ndim == 1
+    if squeeze:
+        x = x[None]
+        target = target.reshape(1)
+    c = x.shape[1]
+    t = target.astype(jnp.int64)
+    valid = t != ignore_index
+    tc = jnp.where(valid, t, 0)
+    w = jnp.ones((c,), x.dtype) if weight is None else weight.astype(x.dtype)
+    wt = jnp.where(valid, w[tc], 0)
+    g = grad_output
+    if reduction == 1:
+        g = g / total_weight
+    if reduction == 0 and not squeeze:
+        gv = -g * wt
+    else:
+        gv = -jnp.broadcast_to(g, wt.shape) * wt
+    onehot = jax.nn.one_hot(tc, c, axis=1, dtype=x.dtype)
+    out = onehot * jnp.expand_dims(gv, 1)
+    return out[0] if squeeze else out
+
+
+@lower(aten.nll_loss_backward.default)
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+
+
+@lower(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+
+
+def _reduce(x, reduction):
+    if reduction == 1:
+        return jnp.mean(x)
+    if reduction == 2:
+        return jnp.sum(x)
+    return x
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(self, target, reduction=1):
+    return _reduce(jnp.square(opmath(self) - target), reduction)
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, self, target, reduction):
+    g = 2 * (self - target) * grad_output
+    return g / self.size if reduction == 1 else g
+
+
+@lower(aten.l1_loss.default)
+def l1_loss(self, target, reduction=1):
+    return _reduce(jnp.abs(self - target), reduction)
+
+
+@lower(aten.smooth_l1_loss.default)
+def smooth_l1_loss(self, target, reduction=1, beta=1.0):
+    d = jnp.abs(opmath(self) - target)
+    loss = jnp.where(d < beta, 0.5 * d * d / jnp.where(beta == 0, 1, beta), d - 0.5 * beta)
+    return _reduce(loss, reduction)
+
+
+@lower(aten.huber_loss.default)
+def huber_loss(self, target, reduction=1, delta=1.0):
+    d = jnp.abs(opmath(self) - target)
+    loss = jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+    return _reduce(loss, reduction)
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    x = opmath(self)
+    loss = -(target * jnp.maximum(jnp.log(x), -100) + (1 - target) * jnp.maximum(jnp.log1p(-x), -100))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+@lower(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    x = opmath(self)
+    g = grad_output * (x - target) / jnp.maximum((1 - x) * x, 1e-12)
+    if weight is not None:
+        g = g * weight
+    return g / self.size if reduction == 1 else g
+
+
+@lower(aten.binary_cross_entropy_with_logits.default)
+def bce_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
+    x = opmath(self)
+    log_sig = jax.nn.log_sigmoid(x)
+    log_1m = jax.nn.log_sigmoid(-x)
+    if pos_weight is not None:
+        loss = -(pos_weight * target * log_sig + (1 - target) * log_1m)
+    else:
+        loss = -(target * log_sig + (1 - target) * log_1m)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)

@@ -1,0 +1,648 @@
+"""Elementwise ops: arithmetic, comparisons, unary math, activations and their
+backward ops, casts and fills. In-place and out= variants are derived."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jss
+from jax import lax
+
+from ._registry import aten, lower
+from ._util import jdt, opmath
+
+
+def _arr(x):
+    return x if hasattr(x, "dtype") else jnp.asarray(x)
+
+
+def _float_of(x):
+    """Float view of x for ops that are float-only in PyTorch (int inputs promote)."""
+    x = _arr(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return opmath(x)
+    return x.astype(jnp.float32)
+
+
+# ---- binary arithmetic ------------------------------------------------------------
+
+
+@lower(aten.add.Tensor, aten.add.Scalar)
+def add(self, other, *, alpha=1):
+    if not (isinstance(alpha, (int, bool)) and alpha == 1):
+        other = other * alpha
+    if _arr(self).dtype == jnp.bool_ and _arr(other).dtype == jnp.bool_:
+        return jnp.logical_or(self, other)
+    return self + other
+
+
+@lower(aten.sub.Tensor, aten.sub.Scalar)
+def sub(self, other, *, alpha=1):
+    if not (isinstance(alpha, (int, bool)) and alpha == 1):
+        other = other * alpha
+    return self - other
+
+
+@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(self, other, *, alpha=1):
+    return sub(other, self, alpha=alpha)
+
+
+@lower(aten.mul.Tensor, aten.mul.Scalar)
+def mul(self, other):
+    if _arr(self).dtype == jnp.bool_ and _arr(other).dtype == jnp.bool_:
+        return jnp.logical_and(self, other)
+    return self * other
+
+
+@lower(aten.div.Tensor, aten.div.Scalar)
+def div(self, other):
+    a, b = _arr(self), _arr(other)
+    if not jnp.issubdtype(a.dtype, jnp.inexact) and not jnp.issubdtype(b.dtype, jnp.inexact):
+        a = a.astype(jnp.float32)
+    return jnp.true_divide(a, b)
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(self, other)
+    a, b = _arr(self), _arr(other)
+    isint = not jnp.issubdtype(jnp.result_type(a, b), jnp.inexact)
+    if rounding_mode == "trunc":
+        if isint:
+            q = lax.div(*jnp.broadcast_arrays(*(x.astype(jnp.result_type(a, b)) for x in (a, b))))
+            return q
+        return jnp.trunc(a / b)
+    if rounding_mode == "floor":
+        return jnp.floor_divide(a, b)
+    raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+
+
+@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(self, other):
+    return jnp.floor_divide(self, other)
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(self, other):
+    return jnp.remainder(self, other)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(self, other):
+    return jnp.fmod(self, other)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(self, exponent):
+    if isinstance(exponent, int) and not isinstance(exponent, bool):
+        if exponent == 2:
+            return self * self
+        if exponent >= 0:
+            return lax.integer_pow(_arr(self), exponent)
+    a = _arr(self)
+    e = _arr(exponent)
+    if jnp.issubdtype(a.dtype, jnp.integer) and jnp.issubdtype(e.dtype, jnp.integer):
+        return jnp.power(a, e)
+    return jnp.power(opmath(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a, e)
+
+
+@lower(aten.float_power.Tensor_Tensor, aten.float_power.Tensor_Scalar, aten.float_power.Scalar)
+def float_power(self, exponent):
+    dt = jnp.complex128 if jnp.iscomplexobj(self) or jnp.iscomplexobj(exponent) else jnp.float64
+    return jnp.power(jnp.asarray(self, dt), jnp.asarray(exponent, dt))
+
+
+@lower(aten.maximum.default)
+def maximum(self, other):
+    return jnp.maximum(self, other)
+
+
+@lower(aten.minimum.default)
+def minimum(self, other):
+    return jnp.minimum(self, other)
+
+
+@lower(aten.fmax.default)
+def fmax(self, other):
+    return jnp.fmax(self, other)
+
+
+@lower(aten.fmin.default)
+def fmin(self, other):
+    return jnp.fmin(self, other)
+
+
+@lower(aten.atan2.default)
+def atan2(self, other):
+    return jnp.arctan2(_float_of(self), _float_of(other))
+
+
+@lower(aten.hypot.default)
+def hypot(self, other):
+    return jnp.hypot(self, other)
+
+
+@lower(aten.copysign.Tensor, aten.copysign.Scalar)
+def copysign(self, other):
+    return jnp.copysign(_float_of(self), _float_of(other))
+
+
+@lower(aten.nextafter.default)
+def nextafter(self, other):
+    return jnp.nextafter(self, other)
+
+
+@lower(aten.heaviside.default)
+def heaviside(self, values):
+    return jnp.heaviside(self, values)
+
+
+@lower(aten.logaddexp.default)
+def logaddexp(self, other):
+    return jnp.logaddexp(self, other)
+
+
+@lower(aten.logaddexp2.default)
+def logaddexp2(self, other):
+    return jnp.logaddexp2(self, other)
+
+
+@lower(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)
+def xlogy(self, other):
+    return jss.xlogy(_float_of(self), _float_of(other))
+
+
+@lower(aten.special_xlog1py.default)
+def xlog1py(self, other):
+    return jss.xlog1py(_float_of(self), _float_of(other))
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(self, end, weight):
+    return self + weight * (end - self)
+
+
+@lower(aten.addcmul.default)
+def addcmul(self, tensor1, tensor2, *, value=1):
+    return self + value * tensor1 * tensor2
+
+
+@lower(aten.addcdiv.default)
+def addcdiv(self, tensor1, tensor2, *, value=1):
+    return self + value * (tensor1 / tensor2)
+
+
+# ---- bitwise / logical ---------------------------------------------------------------
+
+
+@lower(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)
+def bitwise_and(self, other):
+    return jnp.bitwise_and(self, other)
+
+
+@lower(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)
+def bitwise_or(self, other):
+    return jnp.bitwise_or(self, other)
+
+
+@lower(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)
+def bitwise_xor(self, other):
+    return jnp.bitwise_xor(self, other)
+
+
+@lower(aten.bitwise_not.default)
+def bitwise_not(self):
+    return jnp.invert(self)
+
+
+@lower(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+       aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+def lshift(self, other):
+    return jnp.left_shift(self, other)
+
+
+@lower(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+       aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+def rshift(self, other):
+    return jnp.right_shift(self, other)
+
+
+@lower(aten.logical_and.default)
+def logical_and(self, other):
+    return jnp.logical_and(self, other)
+
+
+@lower(aten.logical_or.default)
+def logical_or(self, other):
+    return jnp.logical_or(self, other)
+
+
+@lower(aten.logical_xor.default)
+def logical_xor(self, other):
+    return jnp.logical_xor(self, other)
+
+
+@lower(aten.logical_not.default)
+def logical_not(self):
+    return jnp.logical_not(self)
+
+
+# ---- comparisons -------------------------------------------------------------------------
+
+for _name, _f in (("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
+                  ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)):
+    def _cmp(self, other, _f=_f):
+        return _f(self, other)
+
+    lower(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_cmp)
+
+
+@lower(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(condition, self, other):
+    return jnp.where(condition, self, other)
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(self, min=None, max=None):
+    out = self
+    if min is not None:
+        out = jnp.maximum(out, min)
+    if max is not None:
+        out = jnp.minimum(out, max)
+    if jnp.issubdtype(_arr(self).dtype, jnp.inexact):
+        out = jnp.where(jnp.isnan(self), self, out)
+    return out
+
+
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(self, min):
+    return clamp(self, min=min)
+
+
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(self, max):
+    return clamp(self, max=max)
+
+
+@lower(aten.isnan.default)
+def isnan(self):
+    return jnp.isnan(self)
+
+
+@lower(aten.isinf.default)
+def isinf(self):
+    return jnp.isinf(self)
+
+
+@lower(aten.isposinf.default)
+def isposinf(self):
+    return jnp.isposinf(self)
+
+
+@lower(aten.isneginf.default)
+def isneginf(self):
+    return jnp.isneginf(self)
+
+
+@lower(aten.isfinite.default)
+def isfinite(self):
+    return jnp.isfinite(self)
+
+
+@lower(aten.signbit.default)
+def signbit(self):
+    return jnp.signbit(self)
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(self, nan=None, posinf=None, neginf=None):
+    if not jnp.issubdtype(self.dtype, jnp.inexact):
+        return self
+    fi = jnp.finfo(self.dtype)
+    out = jnp.where(jnp.isnan(self), 0.0 if nan is None else nan, self)
+    out = jnp.where(jnp.isposinf(self), fi.max if posinf is None else posinf, out)
+    out = jnp.where(jnp.isneginf(self), fi.min if neginf is None else neginf, out)
+    return out
+
+
+# ---- unary math ------------------------------------------------------------------------
+
+_FLOAT_UNARY = {
+    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "log10": jnp.log10, "log1p": jnp.log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
+    "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
+    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
+    "sigmoid": jax.nn.sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
+    "lgamma": jss.gammaln, "digamma": jss.digamma, "i0": jss.i0, "sinc": jnp.sinc,
+    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg, "reciprocal": jnp.reciprocal,
+    "special_i0e": jss.i0e, "special_i1": jss.i1, "special_i1e": jss.i1e,
+    "special_ndtr": jss.ndtr, "special_ndtri": jss.ndtri, "special_erfcx": jss.erfcx,
+    "special_log_ndtr": jss.log_ndtr, "special_entr": jss.entr,
+}
+
+for _name, _f in _FLOAT_UNARY.items():
+    _packet = getattr(aten, _name, None)
+    if _packet is None:
+        continue
+
+    def _unary(self, _f=_f):
+        return _f(_float_of(self))
+
+    lower(_packet.default)(_unary)
+
+
+@lower(aten.neg.default)
+def neg(self):
+    return jnp.negative(self)
+
+
+@lower(aten.abs.default)
+def abs_(self):
+    return jnp.abs(self)
+
+
+@lower(aten.sign.default)
+def sign(self):
+    if self.dtype == jnp.bool_:
+        return self
+    return jnp.sign(self)
+
+
+@lower(aten.sgn.default)
+def sgn(self):
+    if jnp.iscomplexobj(self):
+        a = jnp.abs(self)
+        return jnp.where(a == 0, 0, self / jnp.where(a == 0, 1, a))
+    return sign(self)
+
+
+@lower(aten.floor.default)
+def floor(self):
+    return self if not jnp.issubdtype(self.dtype, jnp.inexact) else jnp.floor(self)
+
+
+@lower(aten.ceil.default)
+def ceil(self):
+    return self if not jnp.issubdtype(self.dtype, jnp.inexact) else jnp.ceil(self)
+
+
+@lower(aten.trunc.default)
+def trunc(self):
+    return self if not jnp.issubdtype(self.dtype, jnp.inexact) else jnp.trunc(self)
+
+
+@lower(aten.frac.default)
+def frac(self):
+    return self - jnp.trunc(self)
+
+
+@lower(aten.round.default)
+def round_(self):
+    return self if not jnp.issubdtype(self.dtype, jnp.inexact) else jnp.round(self)
+
+
+@lower(aten.round.decimals)
+def round_decimals(self, *, decimals=0):
+    return jnp.round(self, decimals)
+
+
+@lower(aten.logit.default)
+def logit(self, eps=None):
+    x = _float_of(self)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lower(aten.polygamma.default)
+def polygamma(n, self):
+    return jss.polygamma(n, _float_of(self))
+
+
+@lower(aten.mvlgamma.default)
+def mvlgamma(self, p):
+    return jss.multigammaln(_float_of(self), p)
+
+
+@lower(aten.positive.default)
+def positive(self):
+    return self
+
+
+@lower(aten.conj_physical.default)
+def conj_physical(self):
+    return jnp.conj(self)
+
+
+@lower(aten.angle.default)
+def angle(self):
+    if jnp.iscomplexobj(self):
+        return jnp.angle(self)
+    x = _float_of(self)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0))
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+
+@lower(aten.relu.default)
+def relu(self):
+    return jnp.maximum(self, 0)
+
+
+@lower(aten.gelu.default)
+def gelu(self, *, approximate="none"):
+    x = opmath(self)
+    return jax.nn.gelu(x, approximate=(approximate == "tanh"))
+
+
+@lower(aten.gelu_backward.default)
+def gelu_backward(grad_output, self, *, approximate="none"):
+    x = opmath(self)
+    g = opmath(grad_output)
+    if approximate == "tanh":
+        k = jnp.sqrt(2.0 / jnp.pi).astype(x.dtype)
+        inner = k * (x + 0.044715 * x**3)
+        t = jnp.tanh(inner)
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+        return g * d
+    cdf = 0.5 * (1 + jss.erf(x / jnp.sqrt(2.0).astype(x.dtype)))
+    pdf = jnp.exp(-0.5 * x * x) / jnp.sqrt(2 * jnp.pi).astype(x.dtype)
+    return g * (cdf + x * pdf)
+
+
+@lower(aten.silu.default)
+def silu(self):
+    x = opmath(self)
+    return x * jax.nn.sigmoid(x)
+
+
+@lower(aten.silu_backward.default)
+def silu_backward(grad_output, self):
+    x = opmath(self)
+    s = jax.nn.sigmoid(x)
+    return opmath(grad_output) * s * (1 + x * (1 - s))
+
+
+@lower(aten.mish.default)
+def mish(self):
+    x = opmath(self)
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@lower(aten.mish_backward.default)
+def mish_backward(grad_output, self):
+    x = opmath(self)
+    sp = jax.nn.softplus(x)
+    t = jnp.tanh(sp)
+    s = jax.nn.sigmoid(x)
+    return opmath(grad_output) * (t + x * s * (1 - t * t))
+
+
+@lower(aten.sigmoid_backward.default)
+def sigmoid_backward(grad_output, output):
+    return grad_output * output * (1 - output)
+
+
+@lower(aten.tanh_backward.default)
+def tanh_backward(grad_output, output):
+    return grad_output * (1 - output * output)
+
+
+@lower(aten.threshold.default)
+def threshold(self, threshold, value):
+    return jnp.where(self <= threshold, value, self)
+
+
+@lower(aten.threshold_backward.default)
+def threshold_backward(grad_output, self, threshold):
+    return jnp.where(self <= threshold, jnp.zeros_like(grad_output), grad_output)
+
+
+@lower(aten.softplus.default)
+def softplus(self, beta=1, threshold=20):
+    x = opmath(self)
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
+
+
+@lower(aten.softplus_backward.default)
+def softplus_backward(grad_output, self, beta, threshold):
+    x = opmath(self)
+    bx = x * beta
+    z = jnp.exp(bx)
+    return jnp.where(bx > threshold, grad_output, grad_output * z / (z + 1))
+
+
+@lower(aten.elu.default)
+def elu(self, alpha=1, scale=1, input_scale=1):
+    x = opmath(self)
+    return jnp.where(x > 0, x * scale, (jnp.exp(x * input_scale) - 1) * alpha * scale)
+
+
+@lower(aten.elu_backward.default)
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    x = opmath(self_or_result)
+    g = opmath(grad_output)
+    if is_result:
+        neg = g * input_scale * (x + alpha * scale)
+    else:
+        neg = g * input_scale * alpha * scale * jnp.exp(x * input_scale)
+    return jnp.where(x > 0, g * scale, neg)
+
+
+@lower(aten.leaky_relu.default)
+def leaky_relu(self, negative_slope=0.01):
+    return jnp.where(self > 0, self, self * negative_slope)
+
+
+@lower(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    return jnp.where(self > 0, grad_output, grad_output * negative_slope)
+
+
+@lower(aten.hardtanh.default)
+def hardtanh(self, min_val=-1, max_val=1):
+    return jnp.clip(self, min_val, max_val)
+
+
+@lower(aten.hardtanh_backward.default)
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    return jnp.where((self <= min_val) | (self >= max_val), 0, grad_output)
+
+
+@lower(aten.hardsigmoid.default)
+def hardsigmoid(self):
+    return jnp.clip(self / 6 + 0.5, 0, 1)
+
+
+@lower(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad_output, self):
+    return jnp.where((self > -3) & (self < 3), grad_output / 6, 0)
+
+
+@lower(aten.hardswish.default)
+def hardswish(self):
+    return self * jnp.clip(self + 3, 0, 6) / 6
+
+
+@lower(aten.hardswish_backward.default)
+def hardswish_backward(grad_output, self):
+    return jnp.where(self < -3, 0, jnp.where(self <= 3, grad_output * (2 * self + 3) / 6, grad_output))
+
+
+@lower(aten.logit_backward.default)
+def logit_backward(grad_output, self, eps=None):
+    x = opmath(self)
+    g = grad_output / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, g)
+    return jnp.where((x < eps) | (x > 1 - eps), 0, g)
+
+
+# ---- casts, copies, fills ---------------------------------------------------------------------
+
+
+@lower(aten._to_copy.default)
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if dtype is not None:
+        jd = jdt(dtype)
+        if jnp.iscomplexobj(self) and not jnp.issubdtype(jd, jnp.complexfloating):
+            self = jnp.real(self)
+        return self.astype(jd)
+    return self
+
+
+@lower(aten.clone.default)
+def clone(self, *, memory_format=None):
+    return self
+
+
+@lower(aten.lift_fresh_copy.default)
+def lift_fresh_copy(self):
+    return self
+
+
+@lower(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    if jnp.iscomplexobj(src) and not jnp.iscomplexobj(self):
+        src = jnp.real(src)
+    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+
+
+@lower(aten.fill.Scalar, aten.fill.Tensor)
+def fill(self, value):
+    return jnp.full(self.shape, value, dtype=self.dtype)
+
+
+@lower(aten.zero.default)
+def zero(self):
+    return jnp.zeros_like(self)
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(self, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)

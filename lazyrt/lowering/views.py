@@ -1,0 +1,269 @@
+"""View and shape ops. A view op's lowering computes the view's *value*; the
+runtime keeps the aliasing (see ``lazyrt._tensor``), and writes through a view
+with the inverse the runtime derives from this same lowering."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._registry import aten, lower
+from ._util import canon_dim, jdt
+
+
+def _norm_shape(size, numel):
+    size = list(size)
+    if -1 in size:
+        i = size.index(-1)
+        rest = 1
+        for j, s in enumerate(size):
+            if j != i:
+                rest *= s
+        size[i] = numel // rest if rest else 0
+    return tuple(size)
+
+
+@lower(aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+       aten.reshape.default, aten.view_copy.default)
+def view(self, size, *args):
+    return jnp.reshape(self, _norm_shape(size, self.size))
+
+
+@lower(aten.view.dtype)
+def view_dtype(self, dtype):
+    jd = jdt(dtype)
+    if jnp.dtype(jd).itemsize == self.dtype.itemsize:
+        return lax.bitcast_convert_type(self, jd)
+    src, dst = self.dtype.itemsize, jnp.dtype(jd).itemsize
+    if dst < src:
+        out = lax.bitcast_convert_type(self, jd)  # adds a trailing dim of src // dst
+        return out.reshape(self.shape[:-1] + (self.shape[-1] * (src // dst),))
+    r = dst // src
+    x = self.reshape(self.shape[:-1] + (self.shape[-1] // r, r))
+    return lax.bitcast_convert_type(x, jd)
+
+
+@lower(aten.alias.default, aten.detach.default, aten.lift_fresh.default)
+def alias(self):
+    return self
+
+
+@lower(aten.t.default)
+def t(self):
+    return self.T if self.ndim == 2 else self
+
+
+@lower(aten.transpose.int)
+def transpose(self, dim0, dim1):
+    if self.ndim == 0:
+        return self
+    return jnp.swapaxes(self, dim0, dim1)
+
+
+@lower(aten.permute.default)
+def permute(self, dims):
+    if self.ndim == 0:
+        return self
+    return jnp.transpose(self, [canon_dim(d, self.ndim) for d in dims])
+
+
+@lower(aten.expand.default)
+def expand(self, size, *, implicit=False):
+    size = list(size)
+    off = len(size) - self.ndim
+    shape = tuple(self.shape[i - off] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(self, shape)
+
+
+@lower(aten.unsqueeze.default)
+def unsqueeze(self, dim):
+    return jnp.expand_dims(self, canon_dim(dim, self.ndim + 1))
+
+
+@lower(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(self, dim=None):
+    if self.ndim == 0:
+        return self
+    if dim is None:
+        return jnp.squeeze(self)
+    ds = [dim] if isinstance(dim, int) else list(dim)
+    ds = tuple(canon_dim(d, self.ndim) for d in ds)
+    ds = tuple(d for d in ds if self.shape[d] == 1)
+    return jnp.squeeze(self, ds) if ds else self
+
+
+@lower(aten.slice.Tensor)
+def slice_(self, dim=0, start=None, end=None, step=1):
+    if self.ndim == 0:
+        return self
+    d = canon_dim(dim, self.ndim)
+    n = self.shape[d]
+    s = 0 if start is None else start
+    e = n if end is None else end
+    if s < 0:
+        s += n
+    if e < 0:
+        e += n
+    s = min(max(s, 0), n)
+    e = min(max(e, s), n)
+    idx = [slice(None)] * self.ndim
+    idx[d] = slice(s, e, step)
+    return self[tuple(idx)]
+
+
+@lower(aten.select.int)
+def select(self, dim, index):
+    d = canon_dim(dim, self.ndim)
+    n = self.shape[d]
+    if index < 0:
+        index += n
+    return lax.index_in_dim(self, index, d, keepdims=False)
+
+
+@lower(aten.diagonal.default)
+def diagonal(self, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(self, offset, canon_dim(dim1, self.ndim), canon_dim(dim2, self.ndim))
+
+
+@lower(aten.as_strided.default)
+def as_strided(self, size, stride, storage_offset=None):
+    off = storage_offset or 0
+    flat = self.reshape(-1)
+    idx = jnp.full(tuple(size), off, dtype=jnp.int64 if flat.size >= 2**31 else jnp.int32)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (jnp.arange(n, dtype=idx.dtype) * s).reshape(shape)
+    if flat.size == 0:
+        return jnp.zeros(tuple(size), self.dtype)
+    return flat[idx]
+
+
+@lower(aten.unfold.default)
+def unfold(self, dimension, size, step):
+    if self.ndim == 0:
+        return self.reshape(1)
+    d = canon_dim(dimension, self.ndim)
+    n = (self.shape[d] - size) // step + 1
+    starts = jnp.arange(n) * step
+    idx = starts[:, None] + jnp.arange(size)[None, :]  # [n, size]
+    x = jnp.moveaxis(self, d, -1)
+    out = x[..., idx]  # [..., n, size]
+    return jnp.moveaxis(out, -2, d)
+
+
+@lower(aten.split.Tensor)
+def split(self, split_size, dim=0):
+    d = canon_dim(dim, self.ndim)
+    n = self.shape[d]
+    if split_size == 0:
+        return [self]
+    bounds = list(range(0, n, split_size)) or [0]
+    return [lax.slice_in_dim(self, b, min(b + split_size, n), axis=d) for b in bounds]
+
+
+@lower(aten.split_with_sizes.default)
+def split_with_sizes(self, split_sizes, dim=0):
+    d = canon_dim(dim, self.ndim)
+    out, b = [], 0
+    for s in split_sizes:
+        out.append(lax.slice_in_dim(self, b, b + s, axis=d))
+        b += s
+    return out
+
+
+@lower(aten.unbind.int)
+def unbind(self, dim=0):
+    d = canon_dim(dim, self.ndim)
+    return [lax.index_in_dim(self, i, d, keepdims=False) for i in range(self.shape[d])]
+
+
+@lower(aten.chunk.default)
+def chunk(self, chunks, dim=0):
+    d = canon_dim(dim, self.ndim)
+    n = self.shape[d]
+    size = -(-n // chunks) if n else 0
+    return split(self, size, d) if size else [self]
+
+
+@lower(aten.view_as_real.default)
+def view_as_real(self):
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@lower(aten.view_as_complex.default)
+def view_as_complex(self):
+    return lax.complex(self[..., 0], self[..., 1])
+
+
+@lower(aten.real.default)
+def real(self):
+    return jnp.real(self)
+
+
+@lower(aten.imag.default)
+def imag(self):
+    return jnp.imag(self)
+
+
+@lower(aten._conj.default, aten._neg_view.default)
+def _conj_view(self):
+    # NOTE: lazy conj/neg bits do not exist here; these return materialized values.
+    return self
+
+
+# ---- shape ops that copy ---------------------------------------------------------------------
+
+
+@lower(aten.cat.default)
+def cat(tensors, dim=0):
+    ts = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not ts:
+        return tensors[0]
+    d = canon_dim(dim, ts[0].ndim)
+    dt = jnp.result_type(*ts)
+    return jnp.concatenate([t.astype(dt) for t in ts], axis=d)
+
+
+@lower(aten.stack.default)
+def stack(tensors, dim=0):
+    return jnp.stack(tensors, axis=canon_dim(dim, tensors[0].ndim + 1))
+
+
+@lower(aten.flip.default)
+def flip(self, dims):
+    if self.ndim == 0:
+        return self
+    return jnp.flip(self, [canon_dim(d, self.ndim) for d in dims])
+
+
+@lower(aten.roll.default)
+def roll(self, shifts, dims=()):
+    if not dims:
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    return jnp.roll(self, tuple(shifts), tuple(canon_dim(d, self.ndim) for d in dims))
+
+
+@lower(aten.repeat.default)
+def repeat(self, repeats):
+    x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    return jnp.tile(x, repeats)
+
+
+@lower(aten.tril.default)
+def tril(self, diagonal=0):
+    return jnp.tril(self, diagonal)
+
+
+@lower(aten.triu.default)
+def triu(self, diagonal=0):
+    return jnp.triu(self, diagonal)
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    n = len(pad) // 2
+    cfg = [(0, 0, 0)] * (self.ndim - n)
+    for i in range(n):
+        lo, hi = pad[2 * (n - 1 - i)], pad[2 * (n - 1 - i) + 1]
+        cfg.append((lo, hi, 0))
+    return lax.pad(self, jnp.asarray(value, self.dtype), cfg)

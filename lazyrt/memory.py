@@ -1,0 +1,239 @@
+"""Device-memory (HBM) accounting.
+
+One choke point: every ``jax.Array`` lazyrt materializes for a ``tpu`` tensor
+goes through ``track``; a weak reference uncounts it when the last holder lets
+it go. For every computation (a strict op or a defer flush) the executor calls
+``record_execution`` with XLA's own memory analysis of the compiled executable;
+the HBM peak of that computation is
+
+    live bytes not passed into it + its own peak (arguments + outputs + temps - aliased)
+
+and the running maximum is the process peak. Strict and defer use the same
+accounting, so their peaks compare fairly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+
+import jax
+
+_live: dict[int, tuple] = {}  # id(array) -> (weakref, nbytes)
+_state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
+_log: list["FlushRecord"] = []
+_listeners: list = []
+LOG_LIMIT = 100_000
+_T0 = time.perf_counter()
+
+
+def _release(key: int) -> None:
+    entry = _live.pop(key, None)
+    if entry is not None:
+        _state["live"] -= entry[1]
+
+
+def track(arr) -> None:
+    """Count a materialized device array until it is garbage."""
+    key = id(arr)
+    if key in _live:
+        return
+    nbytes = arr.nbytes
+    try:
+        ref = weakref.ref(arr, lambda _r, key=key: _release(key))
+    except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
+        return
+    _live[key] = (ref, nbytes)
+    live = _state["live"] + nbytes
+    _state["live"] = live
+    if live > _state["live_peak"]:
+        _state["live_peak"] = live
+    if live > _state["peak"]:
+        _state["peak"] = live
+
+
+def live_bytes() -> int:
+    return _state["live"]
+
+
+def bytes_of(arrays) -> int:
+    """Bytes of the distinct tracked arrays among ``arrays``."""
+    seen = set()
+    total = 0
+    for a in arrays:
+        k = id(a)
+        if k in seen:
+            continue
+        seen.add(k)
+        e = _live.get(k)
+        if e is not None:
+            total += e[1]
+    return total
+
+
+@dataclasses.dataclass
+class MemoryAnalysis:
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    peak_bytes: int
+    generated_code_bytes: int = 0
+
+    @classmethod
+    def of(cls, compiled) -> "MemoryAnalysis":
+        try:
+            m = compiled.memory_analysis()
+        except Exception:  # some backends do not implement it
+            m = None
+        if m is None:
+            return cls(0, 0, 0, 0, 0)
+        arg = int(getattr(m, "argument_size_in_bytes", 0))
+        out = int(getattr(m, "output_size_in_bytes", 0))
+        tmp = int(getattr(m, "temp_size_in_bytes", 0))
+        alias = int(getattr(m, "alias_size_in_bytes", 0))
+        peak = getattr(m, "peak_memory_in_bytes", None)
+        if not peak:
+            # NOTE: XLA:CPU does not report a peak; arguments, outputs and temps
+            # can all be live at once, minus outputs that reuse donated inputs.
+            peak = arg + out + tmp - alias
+        return cls(arg, out, tmp, alias, int(peak),
+                   int(getattr(m, "generated_code_size_in_bytes", 0)))
+
+
+@dataclasses.dataclass
+class FlushRecord:
+    index: int
+    mode: str
+    trace_hash: str
+    num_ops: int
+    cache_hit: bool
+    compile_seconds: float
+    execute_seconds: float
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    live_bytes_before: int
+    live_bytes_after: int
+    hbm_peak_bytes: int
+    source: str
+    largest_tensors: list
+    start_seconds: float
+    name: str = ""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_counter = {"executions": 0}
+
+
+def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cache_hit: bool,
+                     compile_seconds: float, execute_seconds: float, analysis: MemoryAnalysis,
+                     live_before: int, passed_bytes: int, source: str = "",
+                     largest: list | None = None, log: bool = True, t_start: float = 0.0) -> int:
+    """Account one computation; returns its HBM peak in bytes."""
+    peak = max(live_before - passed_bytes, 0) + analysis.peak_bytes
+    idx = _counter["executions"]
+    _counter["executions"] = idx + 1
+    if peak > _state["peak"]:
+        _state["peak"] = peak
+        _state["peak_where"] = source or name
+        _state["peak_index"] = idx
+    if log and len(_log) < LOG_LIMIT:
+        rec = FlushRecord(
+            index=idx, mode=mode, trace_hash=trace_hash, num_ops=num_ops, cache_hit=cache_hit,
+            compile_seconds=compile_seconds, execute_seconds=execute_seconds,
+            argument_bytes=analysis.argument_bytes, output_bytes=analysis.output_bytes,
+            temp_bytes=analysis.temp_bytes, alias_bytes=analysis.alias_bytes,
+            live_bytes_before=live_before, live_bytes_after=_state["live"], hbm_peak_bytes=peak,
+            source=source, largest_tensors=largest or [],
+            start_seconds=(t_start or time.perf_counter()) - _T0, name=name,
+        )
+        _log.append(rec)
+        for cb in _listeners:
+            cb(rec)
+    return peak
+
+
+def flush_log() -> list[FlushRecord]:
+    """Every recorded flush (defer) or logged execution, oldest first."""
+    return list(_log)
+
+
+def clear_log() -> None:
+    _log.clear()
+
+
+def add_listener(cb) -> None:
+    _listeners.append(cb)
+
+
+def max_memory_allocated() -> int:
+    return _state["peak"]
+
+
+def reset_peak_memory_stats() -> None:
+    _state["peak"] = _state["live"]
+    _state["live_peak"] = _state["live"]
+    _state["peak_where"] = ""
+    _state["peak_index"] = -1
+
+
+def peak_info() -> dict:
+    return {"peak_bytes": _state["peak"], "where": _state["peak_where"], "index": _state["peak_index"]}
+
+
+def device_stats() -> dict | None:
+    """The device's own memory stats where JAX exposes them (GPU/TPU); None on CPU."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return dict(stats) if stats else None
+
+
+def memory_stats() -> dict:
+    """Counters in the style of ``torch.cuda.memory_stats()``."""
+    out = {
+        "allocated_bytes.all.current": _state["live"],
+        "allocated_bytes.all.peak": _state["peak"],
+        "live_bytes.all.peak": _state["live_peak"],
+        "num_tracked_arrays": len(_live),
+        "num_executions": _counter["executions"],
+        "num_logged_flushes": len(_log),
+    }
+    dev = device_stats()
+    if dev:
+        for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"):
+            if k in dev:
+                out[f"device.{k}"] = dev[k]
+    return out
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary() -> str:
+    s = memory_stats()
+    lines = [
+        "lazyrt memory summary",
+        f"  allocated (live tpu tensors): {_fmt(s['allocated_bytes.all.current'])}",
+        f"  peak (HBM, incl. computation temporaries): {_fmt(s['allocated_bytes.all.peak'])}",
+        f"  peak where: {_state['peak_where'] or '-'}",
+        f"  computations run: {s['num_executions']}",
+    ]
+    dev = device_stats()
+    if dev:
+        lines.append(f"  device bytes_in_use: {_fmt(dev.get('bytes_in_use', 0))}, "
+                     f"peak_bytes_in_use: {_fmt(dev.get('peak_bytes_in_use', 0))}")
+    else:
+        lines.append(f"  device stats: none on the {jax.default_backend()} backend; "
+                     "only lazyrt's accounting exists")
+    return "\n".join(lines)
