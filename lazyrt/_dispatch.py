@@ -112,7 +112,18 @@ def concrete(t: TpuTensor):
     """``t``'s value as a ``jax.Array``, flushing the pending trace if needed."""
     v = value(t)
     if type(v) is Pending:
-        v = materialize_pending(v)
+        if t._chain is not None and v.result is None:
+            # NOTE: live views are not flush outputs (autograd keeps many, e.g. the
+            # transposed weights): materialize the base, then derive this view now.
+            _defer.flush(reason="materialize")
+            base = t._st.value
+            if type(base) is Pending:
+                base = materialize_pending(base)
+            v = _strict.run(_chain_prog(t._chain), [base], [])[0]
+            t._cache = v
+            t._cver = t._st.version
+        else:
+            v = materialize_pending(v)
     return v
 
 

@@ -1,0 +1,2 @@
+XFAIL = {}
+XFAIL_DTYPE = {}
