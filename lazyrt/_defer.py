@@ -78,8 +78,9 @@ def record(prog, inputs, scalars):
                 refs.append((v.node << _SHIFT) | v.idx)
                 continue
             if v.result is None:
-                raise RuntimeError("lazyrt: internal error: a pending value of an earlier trace "
-                                   "was never materialized")
+                # A value of an earlier trace whose flush failed: retry that flush
+                # (it raises again unless the cause was fixed).
+                retry(v)
             v = v.result
         k = id(v)
         li = tr.leaf_index.get(k)
@@ -244,12 +245,29 @@ def _hash_hex(key) -> str:
     return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
 
 
-def flush(reason: str = "sync") -> None:
-    """Run the pending trace as one computation and materialize its live outputs."""
+def retry(p: Pending) -> None:
+    """Materialize ``p`` of an earlier trace whose flush failed, by flushing it again."""
+    if p.result is not None:
+        return
+    if p.trace.done:
+        raise RuntimeError("lazyrt: internal error: a pending value of a finished trace was "
+                           "never materialized")
+    flush(reason="retry", trace=p.trace)
+    if p.result is None:
+        raise RuntimeError("lazyrt: a pending value was dead when its trace was flushed")
+
+
+def flush(reason: str = "sync", trace: Trace | None = None) -> None:
+    """Run the pending trace as one computation and materialize its live outputs.
+
+    If compiling or running it fails, the error names its ops and source lines; its
+    tensors stay pending on that trace (a later read retries it) and a fresh trace
+    takes new ops, so one bad op does not poison unrelated work.
+    """
     global _trace
     with LOCK:
-        tr = _trace
-        if not tr.nodes:
+        tr = _trace if trace is None else trace
+        if not tr.nodes or tr.done:
             return
         t_start = time.perf_counter()
         src = _source.user_line(2)
@@ -299,6 +317,8 @@ def flush(reason: str = "sync") -> None:
         except KeyboardInterrupt:
             raise
         except Exception as e:
+            if tr is _trace:
+                _trace = Trace()
             ops = ", ".join(sorted({p.name for p in tr.nodes}))
             where = ""
             if tr.srcs:
@@ -312,7 +332,8 @@ def flush(reason: str = "sync") -> None:
         for r in results:
             track(r)
         del donated, kept
-        _trace = Trace()
+        if tr is _trace:
+            _trace = Trace()
         tr.done = True
         pend_res = {}
         for st, k in outs:

@@ -82,7 +82,7 @@ def materialize_pending(p: Pending):
     if p.result is None:
         if p.trace.done:
             raise RuntimeError("lazyrt: internal error: dead pending value")
-        _defer.flush(reason="materialize")
+        _defer.flush(reason="materialize", trace=p.trace)
         if p.result is None:
             raise RuntimeError("lazyrt: internal error: pending value not materialized by flush")
     return p.result
@@ -115,7 +115,7 @@ def concrete(t: TpuTensor):
         if t._chain is not None and v.result is None:
             # NOTE: live views are not flush outputs (autograd keeps many, e.g. the
             # transposed weights): materialize the base, then derive this view now.
-            _defer.flush(reason="materialize")
+            _defer.flush(reason="materialize", trace=v.trace)
             base = t._st.value
             if type(base) is Pending:
                 base = materialize_pending(base)
@@ -662,6 +662,18 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal) -> Plan:
     plan.raw = raw
     desc = _static_desc(tpl_args, tpl_kwargs)
     plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op)
+    # NOTE: trace the lowering abstractly once per plan, so a lowering that cannot take
+    # these inputs fails here, at the op, in every mode (not later inside a defer flush).
+    ins = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in vals]
+    ins += [0.0 if k == "f" else 0 for k in scalar_kinds]
+    try:
+        with _X64(True):
+            jax.eval_shape(prog_fn, *ins)
+    except Exception as ex:
+        raise NotImplementedError(
+            f"lazyrt: the lowering of {e.name} failed for inputs "
+            f"{[(tuple(v.shape), str(v.dtype)) for v in vals]} and arguments ({desc}): "
+            f"{type(ex).__name__}: {ex}") from ex
     return plan
 
 

@@ -133,6 +133,16 @@ def _make_attention_inputs(case: AttnCase, seed: int = 0):
     return q, k, v, do, mask
 
 
+# NOTE: forward and backward under one jit: one compile per case instead of an eager
+# backward that compiles each small op separately (interpret mode is compile-bound).
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "block_sizes", "interpret"))
+def _kernel_vjp(q, k, v, do, mask, *, causal, scale, block_sizes, interpret):
+    fn = functools.partial(kp.flash_attention, causal=causal, scale=scale,
+                           block_sizes=block_sizes, interpret=interpret)
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask), q, k, v)
+    return (out, *vjp(do))
+
+
 @functools.partial(jax.jit, static_argnames=("causal", "scale"))
 def _reference_vjp(q, k, v, do, mask, *, causal, scale):
     # NOTE: the oracle runs in float32 on the (possibly bf16) inputs, so a low-precision
@@ -161,13 +171,9 @@ class TestFlashAttention:
 
     def _run(self, case: AttnCase):
         q, k, v, do, mask = _make_attention_inputs(case)
-        fn = functools.partial(
-            kp.flash_attention, causal=case.causal, scale=case.scale,
-            block_sizes=case.blocks, interpret=self.INTERPRET,
-        )
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, mask), q, k, v)
-        grads = vjp(do)
-        return (q, k, v, do, mask), (out, *grads)
+        got = _kernel_vjp(q, k, v, do, mask, causal=case.causal, scale=case.scale,
+                          block_sizes=case.blocks, interpret=self.INTERPRET)
+        return (q, k, v, do, mask), got
 
     @pytest.mark.parametrize("case", ATTN_CASES, ids=str)
     def test_forward_and_grads(self, case: AttnCase):
@@ -243,6 +249,20 @@ def _rand(rng, shape, dtype="float32"):
     return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(jnp.dtype(dtype))
 
 
+# NOTE: interpret=None here selects the jnp oracle (matmul_reference), anything else the
+# kernel; forward and backward share one jit (interpret mode is compile-bound).
+@functools.partial(jax.jit, static_argnames=("activation", "out_dtype", "interpret"))
+def _matmul_vjp(a, b, bias, g, *, activation, interpret, out_dtype=None):
+    if interpret is None:
+        fn = functools.partial(kp.matmul_reference, activation=activation, out_dtype=out_dtype)
+    else:
+        fn = functools.partial(kp.batched_matmul if a.ndim == 3 else kp.matmul,
+                               activation=activation, out_dtype=out_dtype,
+                               block_sizes=SMALL, interpret=interpret)
+    out, vjp = jax.vjp(lambda a, b, bias: fn(a, b, bias=bias), a, b, bias)
+    return (out, *vjp(g.astype(out.dtype)))
+
+
 class TestMatmul:
     INTERPRET = kp.default_interpret()
 
@@ -264,17 +284,9 @@ class TestMatmul:
         rng = np.random.default_rng(7)
         a, b, bias = _rand(rng, (37, 45)), _rand(rng, (45, 21)), _rand(rng, (21,))
         g = _rand(rng, (37, 21))
-        out, vjp = jax.vjp(
-            lambda a, b, bias: kp.matmul(a, b, bias=bias, activation=activation,
-                                         block_sizes=SMALL, interpret=self.INTERPRET),
-            a, b, bias,
-        )
-        ref_out, ref_vjp = jax.vjp(
-            lambda a, b, bias: kp.matmul_reference(a, b, bias=bias, activation=activation),
-            a, b, bias,
-        )
-        assert_close(out, ref_out, TOL["float32"], f"{activation}: out")
-        for name, x, y in zip(("da", "db", "dbias"), vjp(g), ref_vjp(g)):
+        got = _matmul_vjp(a, b, bias, g, activation=activation, interpret=self.INTERPRET)
+        want = _matmul_vjp(a, b, bias, g, activation=activation, interpret=None)
+        for name, x, y in zip(("out", "da", "db", "dbias"), got, want):
             assert_close(x, y, TOL["float32"], f"{activation}: {name}")
 
     def test_addmm_gelu_matches_torch(self):
@@ -289,40 +301,28 @@ class TestMatmul:
     def test_bf16(self, out_dtype):
         rng = np.random.default_rng(11)
         a, b = _rand(rng, (33, 40), "bfloat16"), _rand(rng, (40, 17), "bfloat16")
-        bias = _rand(rng, (17,), "bfloat16")
-        got = kp.matmul(a, b, bias=bias, activation="gelu_tanh", out_dtype=out_dtype,
-                        block_sizes=SMALL, interpret=self.INTERPRET)
-        assert got.dtype == (jnp.bfloat16 if out_dtype is None else jnp.float32)
-        want = kp.matmul_reference(a, b, bias=bias, activation="gelu_tanh",
-                                   out_dtype="float32")
-        assert_close(got, want, TOL["bfloat16"], "bf16 matmul")
-        da = jax.grad(lambda a: jnp.sum(kp.matmul(
-            a, b, bias=bias, activation="gelu_tanh", out_dtype=out_dtype,
-            block_sizes=SMALL, interpret=self.INTERPRET).astype(jnp.float32)))(a)
-        want_da = jax.grad(lambda a: jnp.sum(kp.matmul_reference(
-            a.astype(jnp.float32), b.astype(jnp.float32), bias=bias.astype(jnp.float32),
-            activation="gelu_tanh")))(a.astype(jnp.float32))
-        assert da.dtype == jnp.bfloat16
-        assert_close(da, want_da, TOL["bfloat16"], "bf16 da")
+        bias, g = _rand(rng, (17,), "bfloat16"), _rand(rng, (33, 17))
+        got = _matmul_vjp(a, b, bias, g, activation="gelu_tanh", out_dtype=out_dtype,
+                          interpret=self.INTERPRET)
+        assert got[0].dtype == (jnp.bfloat16 if out_dtype is None else jnp.float32)
+        assert [x.dtype for x in got[1:]] == [jnp.bfloat16] * 3
+        # The oracle: float32 math on the same (bf16-representable) values.
+        f32 = [x.astype(jnp.float32) for x in (a, b, bias)]
+        want = _matmul_vjp(*f32, g, activation="gelu_tanh", interpret=None)
+        for name, x, y in zip(("out", "da", "db", "dbias"), got, want):
+            assert_close(x, y, TOL["bfloat16"], f"bf16 {name}")
 
     def test_batched(self):
         rng = np.random.default_rng(5)
         a, b = _rand(rng, (3, 20, 30)), _rand(rng, (3, 30, 12))
-        bias = _rand(rng, (12,))
-        fn = functools.partial(kp.batched_matmul, activation="silu", block_sizes=SMALL,
-                               interpret=self.INTERPRET)
-        out, vjp = jax.vjp(lambda a, b, bias: fn(a, b, bias=bias), a, b, bias)
-        ref_out, ref_vjp = jax.vjp(
-            lambda a, b, bias: kp.matmul_reference(a, b, bias=bias, activation="silu"),
-            a, b, bias)
-        assert out.shape == (3, 20, 12)
-        assert_close(out, ref_out, TOL["float32"], "bmm out")
-        g = _rand(rng, (3, 20, 12))
-        for name, x, y in zip(("da", "db", "dbias"), vjp(g), ref_vjp(g)):
+        bias, g = _rand(rng, (12,)), _rand(rng, (3, 20, 12))
+        got = _matmul_vjp(a, b, bias, g, activation="silu", interpret=self.INTERPRET)
+        want = _matmul_vjp(a, b, bias, g, activation="silu", interpret=None)
+        assert got[0].shape == (3, 20, 12)
+        for name, x, y in zip(("out", "da", "db", "dbias"), got, want):
             assert_close(x, y, TOL["float32"], f"bmm {name}")
-        torch_out = torch.bmm(_to_torch(a), _to_torch(b))
-        assert_close(kp.batched_matmul(a, b, block_sizes=SMALL, interpret=self.INTERPRET),
-                     torch_out, TOL["float32"], "bmm vs torch")
+        torch_out = F.silu(torch.bmm(_to_torch(a), _to_torch(b)) + _to_torch(bias))
+        assert_close(got[0], torch_out, TOL["float32"], "bmm vs torch")
 
 
 @pytest.mark.slow
