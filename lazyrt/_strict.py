@@ -28,7 +28,7 @@ def _compile(prog, arrays, scalars):
     return exe
 
 
-def run(prog, arrays, scalars, log: bool = False):
+def run(prog, arrays, scalars, log: bool | None = None):
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously)."""
     exe = prog.exe
     if exe is None:
@@ -51,7 +51,7 @@ def run(prog, arrays, scalars, log: bool = False):
     if peak > st["peak"]:
         st["peak"] = peak
         st["peak_where"] = prog.name
-    if log:
+    if log or (log is None and memory.LOG_STRICT[0]):
         memory.record_execution(
             mode="strict", name=prog.name, trace_hash=f"{prog.uid:x}", num_ops=1, cache_hit=True,
             compile_seconds=0.0, execute_seconds=dt, analysis=mem, live_before=live_before,

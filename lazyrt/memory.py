@@ -24,6 +24,8 @@ _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak":
 _log: list["FlushRecord"] = []
 _listeners: list = []
 LOG_LIMIT = 100_000
+# Log every strict-mode execution too (the memory profiler turns this on).
+LOG_STRICT = [False]
 _T0 = time.perf_counter()
 
 

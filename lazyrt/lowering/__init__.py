@@ -3,13 +3,18 @@
 from . import _registry  # noqa: F401
 from . import (  # noqa: F401
     factories,
+    fft,
     foreach,
     indexing,
     linalg,
+    linalg_decomp,
+    losses,
     nn,
     pointwise,
+    pooling,
     random_ops,
     reductions,
+    special,
     views,
 )
 from ._registry import LOWERINGS, lower  # noqa: F401
