@@ -128,15 +128,16 @@ class _Exe:
 
 
 def _live_outputs(tr: Trace):
-    outs, seen = [], {}
+    """(storage, output index) of every live storage holding a pending value of ``tr``,
+    and the sorted output refs (the order is part of the cache key: never set order)."""
+    found = []
     for st in list(tr.storages):
         v = st.value
         if type(v) is Pending and v.trace is tr:
-            r = (v.node << _SHIFT) | v.idx
-            if r not in seen:
-                seen[r] = len(seen)
-            outs.append((st, seen[r]))
-    return outs, tuple(seen)
+            found.append(((v.node << _SHIFT) | v.idx, st))
+    refs = sorted({r for r, _ in found})
+    pos = {r: i for i, r in enumerate(refs)}
+    return [(st, pos[r]) for r, st in found], tuple(refs)
 
 
 def _needed(tr: Trace, out_refs) -> list:

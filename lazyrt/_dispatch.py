@@ -380,11 +380,72 @@ def dispatch(func, args, kwargs):
     e = _ENTRIES.get(func)
     if e is None:
         e = resolve(func)
-    if config.debug_compare and config.mode == "debug":
-        out = e.handler(e, args, kwargs)
-        debug_compare(e, args, kwargs, out)
+    try:
+        if config.debug_compare and config.mode == "debug":
+            out = e.handler(e, args, kwargs)
+            debug_compare(e, args, kwargs, out)
+            return out
+        return e.handler(e, args, kwargs)
+    except Exception as ex:
+        if torch._C._current_autograd_node() is None:
+            raise
+        return _backward_error(e, args, kwargs, ex)
+
+
+# NOTE: PyTorch 2.13 aborts the process ("terminate called without an active
+# exception") when a Python exception leaves a PrivateUse1 kernel called by a C++
+# autograd node. So inside backward an op's error is kept here, the op returns
+# zeros of the right shape, and the error is raised when backward() returns.
+_backward_errors: list = []
+
+
+def _backward_error(e, args, kwargs, ex):
+    if not _backward_errors:
+        _backward_errors.append(ex)
+    try:
+        mout, _, _ = _meta_run(e, args, kwargs)
+    except Exception:
+        mout = args[0] if args else None
+
+    def zeros(m):
+        if isinstance(m, torch.Tensor):
+            shape = tuple(m.shape)
+            return new_tensor(jnp.zeros(shape, _dtypes.to_jax(m.dtype)),
+                              (shape, contiguous_strides(shape), m.dtype, 0))
+        if isinstance(m, (list, tuple)):
+            return type(m)(zeros(x) for x in m)
+        return m
+
+    return zeros(mout)
+
+
+def _install_backward_error_hook():
+    import torch.autograd
+    import torch.autograd.graph
+
+    orig = torch.autograd.graph._engine_run_backward
+
+    def _engine_run_backward(*args, **kwargs):
+        _backward_errors.clear()
+        try:
+            out = orig(*args, **kwargs)
+        except BaseException:
+            if _backward_errors:
+                err = _backward_errors.pop()
+                _backward_errors.clear()
+                raise err from None
+            raise
+        if _backward_errors:
+            err = _backward_errors.pop()
+            _backward_errors.clear()
+            raise err
         return out
-    return e.handler(e, args, kwargs)
+
+    torch.autograd.graph._engine_run_backward = _engine_run_backward
+    torch.autograd._engine_run_backward = _engine_run_backward
+
+
+_install_backward_error_hook()
 
 
 _tensor._dispatch = dispatch

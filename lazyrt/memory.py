@@ -19,9 +19,16 @@ import weakref
 
 import jax
 
+from . import _source
+from .metrics import COUNTERS
+
 _live: dict[int, tuple] = {}  # id(array) -> (weakref, nbytes)
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
-_log: list["FlushRecord"] = []
+# Counters already attributed to a logged execution (strict mode learns its
+# compiles from them; see record_execution).
+_seen = {"misses": 0, "compile_s": 0.0}
+LIVE_WHERE = "live tensors (between computations)"
+_log: list[FlushRecord] = []
 _listeners: list = []
 LOG_LIMIT = 100_000
 # Log every strict-mode execution too (the memory profiler turns this on).
@@ -29,10 +36,38 @@ LOG_STRICT = [False]
 _T0 = time.perf_counter()
 
 
+def _observe(live: int) -> None:
+    """``live`` bytes were resident at once: fold them into the peaks."""
+    _state["live_peak"] = max(_state["live_peak"], live)
+    if live > _state["peak"]:
+        _state["peak"] = live
+        _state["peak_where"] = f"{LIVE_WHERE}, until {_source.user_line(3)}"
+        _state["peak_index"] = _counter["executions"] - 1
+
+
 def _release(key: int) -> None:
     entry = _live.pop(key, None)
     if entry is not None:
-        _state["live"] -= entry[1]
+        live = _state["live"]
+        # NOTE: live bytes peak just before they drop; observing here (and at each
+        # computation and each read) rather than in ``track`` keeps a flush's outputs,
+        # tracked while its donated inputs are not yet uncounted, from double-counting.
+        if live > _state["peak"] or live > _state["live_peak"]:
+            _observe(live)
+        _state["live"] = live - entry[1]
+
+
+def _purge_deleted() -> int:
+    """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
+    freed = 0
+    for key, (ref, nbytes) in list(_live.items()):
+        a = ref()
+        if a is not None and a.is_deleted():
+            # The weakref callback pops nothing later: the entry is gone.
+            del _live[key]
+            freed += nbytes
+    _state["live"] -= freed
+    return freed
 
 
 def track(arr) -> None:
@@ -46,16 +81,23 @@ def track(arr) -> None:
     except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
         return
     _live[key] = (ref, nbytes)
-    live = _state["live"] + nbytes
-    _state["live"] = live
-    if live > _state["live_peak"]:
-        _state["live_peak"] = live
-    if live > _state["peak"]:
-        _state["peak"] = live
+    _state["live"] += nbytes
 
 
 def live_bytes() -> int:
     return _state["live"]
+
+
+def untrack(arrays) -> int:
+    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
+    freed = 0
+    for a in arrays:
+        e = _live.pop(id(a), None)
+        if e is not None:
+            freed += e[1]
+    _state["live"] -= freed
+    _state["untracked"] = True
+    return freed
 
 
 def bytes_of(arrays) -> int:
@@ -83,10 +125,10 @@ class MemoryAnalysis:
     generated_code_bytes: int = 0
 
     @classmethod
-    def of(cls, compiled) -> "MemoryAnalysis":
+    def of(cls, compiled) -> MemoryAnalysis:
         try:
             m = compiled.memory_analysis()
-        except Exception:  # some backends do not implement it
+        except Exception:  # noqa: BLE001  (some backends do not implement it)
             m = None
         if m is None:
             return cls(0, 0, 0, 0, 0)
@@ -135,14 +177,43 @@ def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cac
                      compile_seconds: float, execute_seconds: float, analysis: MemoryAnalysis,
                      live_before: int, passed_bytes: int, source: str = "",
                      largest: list | None = None, log: bool = True, t_start: float = 0.0) -> int:
-    """Account one computation; returns its HBM peak in bytes."""
+    """Account one computation; returns its HBM peak in bytes.
+
+    Call it after the computation's outputs are tracked. Inputs XLA deleted
+    (donated) are uncounted here, so live bytes never hold a donated input and the
+    output that reuses its buffer at once.
+    """
+    _observe(live_before)
+    if analysis.alias_bytes and not _state.pop("untracked", False):
+        # Donated inputs: deleted by XLA but maybe still referenced (by the trace).
+        # NOTE: a scan of every tracked array; an executor that calls ``untrack``
+        # on the arrays it donated (before this call) skips it.
+        _purge_deleted()
+    _state.pop("untracked", None)
     peak = max(live_before - passed_bytes, 0) + analysis.peak_bytes
     idx = _counter["executions"]
     _counter["executions"] = idx + 1
-    if peak > _state["peak"]:
-        _state["peak"] = peak
-        _state["peak_where"] = source or name
-        _state["peak_index"] = idx
+    if log and not source:
+        source = _source.user_line(2)
+    st = _state
+    # NOTE: strict mode raises the peak itself before calling here (with the op's
+    # name as "where"); a tie then takes this call's source line.
+    where = st["peak_where"]
+    if peak > st["peak"] or (peak == st["peak"] and (where in (name, "")
+                                                     or where.startswith(LIVE_WHERE))):
+        st["peak"] = peak
+        st["peak_where"] = source or name
+        st["peak_index"] = idx
+    _observe(st["live"])
+    # Strict mode reports every execution as a hit with no compile time; the
+    # compile counters say whether this one compiled (and for how long).
+    misses, comp = COUNTERS["cache_misses"], COUNTERS["compile_seconds"]
+    if misses < _seen["misses"] or comp < _seen["compile_s"]:  # metrics.reset()
+        _seen["misses"], _seen["compile_s"] = 0, 0.0
+    if mode != "defer" and cache_hit and not compile_seconds and misses > _seen["misses"]:
+        cache_hit = False
+        compile_seconds = comp - _seen["compile_s"]
+    _seen["misses"], _seen["compile_s"] = misses, comp
     if log and len(_log) < LOG_LIMIT:
         rec = FlushRecord(
             index=idx, mode=mode, trace_hash=trace_hash, num_ops=num_ops, cache_hit=cache_hit,
@@ -173,6 +244,7 @@ def add_listener(cb) -> None:
 
 
 def max_memory_allocated() -> int:
+    _observe(_state["live"])
     return _state["peak"]
 
 
@@ -184,6 +256,7 @@ def reset_peak_memory_stats() -> None:
 
 
 def peak_info() -> dict:
+    _observe(_state["live"])
     return {"peak_bytes": _state["peak"], "where": _state["peak_where"], "index": _state["peak_index"]}
 
 
@@ -191,20 +264,28 @@ def device_stats() -> dict | None:
     """The device's own memory stats where JAX exposes them (GPU/TPU); None on CPU."""
     try:
         stats = jax.devices()[0].memory_stats()
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
     return dict(stats) if stats else None
 
 
 def memory_stats() -> dict:
     """Counters in the style of ``torch.cuda.memory_stats()``."""
+    _observe(_state["live"])
     out = {
         "allocated_bytes.all.current": _state["live"],
         "allocated_bytes.all.peak": _state["peak"],
         "live_bytes.all.peak": _state["live_peak"],
+        "active_bytes.all.current": _state["live"],
+        "active_bytes.all.peak": _state["live_peak"],
+        "allocation.all.current": len(_live),
         "num_tracked_arrays": len(_live),
-        "num_executions": _counter["executions"],
+        "num_executions": int(COUNTERS["executions"]),
+        "num_flushes": int(COUNTERS["flushes"]),
         "num_logged_flushes": len(_log),
+        "num_compiles": int(COUNTERS["cache_misses"]),
+        "compile_seconds": float(COUNTERS["compile_seconds"]),
+        "execute_seconds": float(COUNTERS["execute_seconds"]),
     }
     dev = device_stats()
     if dev:
@@ -229,7 +310,10 @@ def memory_summary() -> str:
         f"  allocated (live tpu tensors): {_fmt(s['allocated_bytes.all.current'])}",
         f"  peak (HBM, incl. computation temporaries): {_fmt(s['allocated_bytes.all.peak'])}",
         f"  peak where: {_state['peak_where'] or '-'}",
-        f"  computations run: {s['num_executions']}",
+        f"  live peak (tensors only): {_fmt(s['active_bytes.all.peak'])}",
+        f"  live arrays: {s['allocation.all.current']}",
+        (f"  computations run: {s['num_executions']} ({s['num_flushes']} defer flushes, "
+         f"{s['num_compiles']} compiles)"),
     ]
     dev = device_stats()
     if dev:

@@ -19,6 +19,15 @@ def _as_list(other, n):
     return [other] * n
 
 
+def _scalars(scalars, n):
+    """Scalar (Python or traced float), ScalarList, or a 1-D Tensor of n values."""
+    if isinstance(scalars, (list, tuple)):
+        return list(scalars)
+    if hasattr(scalars, "ndim") and scalars.ndim == 1:
+        return [scalars[i] for i in range(n)]
+    return [scalars] * n
+
+
 for _name, _f in _BINARY.items():
     _packet = getattr(aten, f"_foreach_{_name}", None)
     if _packet is None:
@@ -55,13 +64,13 @@ for _name in _UNARY:
 
 @lower(aten._foreach_addcmul.Scalar, aten._foreach_addcmul.ScalarList, aten._foreach_addcmul.Tensor)
 def foreach_addcmul(self, tensor1, tensor2, scalars=1):
-    vals = _as_list(scalars, len(self)) if not hasattr(scalars, "shape") else list(scalars)
+    vals = _scalars(scalars, len(self))
     return [a + v * b * c for a, b, c, v in zip(self, tensor1, tensor2, vals)]
 
 
 @lower(aten._foreach_addcdiv.Scalar, aten._foreach_addcdiv.ScalarList, aten._foreach_addcdiv.Tensor)
 def foreach_addcdiv(self, tensor1, tensor2, scalars=1):
-    vals = _as_list(scalars, len(self)) if not hasattr(scalars, "shape") else list(scalars)
+    vals = _scalars(scalars, len(self))
     return [a + v * (b / c) for a, b, c, v in zip(self, tensor1, tensor2, vals)]
 
 

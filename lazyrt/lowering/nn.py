@@ -2,8 +2,11 @@
 backward ops."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._registry import aten, lower
@@ -254,7 +257,7 @@ def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd):
     lead = x.ndim - nd
     neg = -jnp.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
     # Flat spatial index of each element, carried through the window reduction.
-    idx = jnp.arange(int(jnp.prod(jnp.array(spatial))) if spatial else 1).reshape(spatial)
+    idx = jnp.arange(math.prod(spatial)).reshape(spatial)
     idx = jnp.broadcast_to(idx, x.shape)
     win = (1,) * lead + kernel
     strides = (1,) * lead + stride
@@ -324,7 +327,7 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     win = (1,) * lead + kernel
     strides = (1,) * lead + stride
     padcfg = [(0, 0)] * lead + pads
-    s = lax.reduce_window(xf, jnp.asarray(0, xf.dtype), lax.add, win, strides, padcfg)
+    s = lax.reduce_window(xf, np.array(0, xf.dtype), lax.add, win, strides, padcfg)
     if divisor_override:
         return s / divisor_override
     # Divisor: window size clipped to the (explicitly) padded input, per PyTorch.
@@ -332,10 +335,10 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     if count_include_pad:
         ones = jnp.pad(ones, [(p, p) for p in padding], constant_values=1)
         extra = [(0, hi - p) for (lo, hi), p in zip(pads, padding)]
-        cnt = lax.reduce_window(ones, jnp.asarray(0, xf.dtype), lax.add, kernel, stride,
+        cnt = lax.reduce_window(ones, np.array(0, xf.dtype), lax.add, kernel, stride,
                                 [(0, max(e, 0)) for _, e in extra])
     else:
-        cnt = lax.reduce_window(ones, jnp.asarray(0, xf.dtype), lax.add, kernel, stride, pads)
+        cnt = lax.reduce_window(ones, np.array(0, xf.dtype), lax.add, kernel, stride, pads)
     return s / cnt
 
 

@@ -1,0 +1,1 @@
+"""Helpers of the ``lazyrt-mem`` CLI (``lazyrt.mem``): report text and file exports."""

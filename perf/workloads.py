@@ -1,0 +1,348 @@
+"""The benchmark workloads.
+
+Each workload is a class built with ``(device, mode, variant)``; everything random is made
+on the CPU from a fixed seed and then moved to the device, so every mode starts from the
+same numbers and the losses compare. ``step()`` runs one full timed step *including getting
+the result* (``loss.item()`` or ``lazyrt.sync()`` on ``tpu``; nothing extra on ``cpu``) and
+returns the step's loss (a float) or None. ``probe()`` (optional) returns a checksum of the
+state for workloads whose step has no loss of its own; the runner calls it only outside the
+measured window.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SEED = 0
+
+
+def _sync(device: str) -> None:
+    if device != "cpu":
+        import lazyrt
+
+        lazyrt.sync()
+
+
+def _rand(*shape, scale=1.0):
+    return torch.randn(*shape) * scale
+
+
+class Workload:
+    name = ""
+    unit = "ms/step"
+    # ops per step, for per-op reporting (tiny_ops)
+    ops_per_step: int | None = None
+    training = False
+
+    def __init__(self, device: str, mode: str, variant: str | None = None):
+        self.device = device
+        self.mode = mode
+        self.variant = variant
+
+    def step(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def probe(self):
+        return None
+
+    def describe(self) -> str:
+        return ""
+
+
+# ---------------------------------------------------------------------------
+
+
+class EwChain(Workload):
+    """20 chained elementwise ops on a 1M-element float32 tensor, then sync."""
+
+    name = "ew_chain"
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.x = _rand(1 << 20).to(device)
+        self.out = None
+
+    def _chain(self, x):
+        y = x * 1.5          # 1
+        y = y + 0.25         # 2
+        y = torch.sin(y)     # 3
+        y = y * y            # 4
+        y = y - 0.5          # 5
+        y = torch.tanh(y)    # 6
+        y = torch.exp(y)     # 7
+        y = y / 3.0          # 8
+        y = torch.sqrt(y)    # 9
+        y = y + x            # 10
+        y = torch.abs(y)     # 11
+        y = torch.sigmoid(y)  # 12
+        y = y * 2.0          # 13
+        y = torch.cos(y)     # 14
+        y = y + 1.0          # 15
+        y = torch.log1p(y)   # 16
+        y = torch.relu(y)    # 17
+        y = y * x            # 18
+        y = torch.clamp(y, -2.0, 2.0)  # 19
+        y = y - x            # 20
+        return y
+
+    def step(self):
+        self.out = None  # let the previous result go, as a loop would
+        self.out = self._chain(self.x)
+        _sync(self.device)
+        return None
+
+    def probe(self):
+        return float(self.out.double().sum().item()) if self.device == "cpu" else float(
+            self.out.sum().item())
+
+    def describe(self):
+        return "20 elementwise ops on 1M float32, then sync"
+
+
+class TinyOps(Workload):
+    """1000 small ops on a 4x4 tensor, then one sync: per-op cost."""
+
+    name = "tiny_ops"
+    ops_per_step = 1000
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.x = _rand(4, 4).to(device)
+        self.a = torch.full((4, 4), 0.999).to(device)
+        self.b = torch.full((4, 4), 0.001).to(device)
+        self.out = None
+
+    def step(self):
+        y = self.x
+        a, b = self.a, self.b
+        for _ in range(self.ops_per_step // 2):
+            y = y * a
+            y = y + b
+        self.out = y
+        _sync(self.device)
+        return None
+
+    def probe(self):
+        return float(self.out.sum().item())
+
+    def describe(self):
+        return "1000 ops (mul/add) on 4x4, then one sync"
+
+
+# ---------------------------------------------------------------------------
+
+
+class MLPTrain(Workload):
+    """3-layer MLP, width 1024, batch 64, AdamW: zero_grad/forward/backward/step/loss.item()."""
+
+    name = "mlp_train"
+    training = True
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.model = nn.Sequential(
+            nn.Linear(1024, 1024), nn.ReLU(),
+            nn.Linear(1024, 1024), nn.ReLU(),
+            nn.Linear(1024, 10),
+        ).to(device)
+        self.x = _rand(64, 1024).to(device)
+        self.y = torch.randint(0, 10, (64,)).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def step(self):
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def describe(self):
+        return "MLP 1024-1024-1024-10, batch 64, AdamW"
+
+
+class AdamWMany(Workload):
+    """AdamW step alone over 200 params of 16k elements (foreach=False: the for-loop)."""
+
+    name = "adamw_many"
+    foreach = False
+    training = True
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.params = []
+        for _ in range(200):
+            p = _rand(128, 128).to(device).requires_grad_(True)
+            p.grad = _rand(128, 128).to(device)
+            self.params.append(p)
+        kw = {} if self.foreach is None else {"foreach": self.foreach}
+        self.opt = torch.optim.AdamW(self.params, lr=1e-2, **kw)
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        fused, foreach = _default_to_fused_or_foreach(self.params, False, False)
+        self.default_impl = "fused" if fused else ("foreach" if foreach else "for-loop")
+
+    def step(self):
+        self.opt.step()
+        _sync(self.device)
+        return None
+
+    def probe(self):
+        return float(self.params[0].detach().sum().item())
+
+    def describe(self):
+        return (f"AdamW step, 200 x 16k params, foreach={self.foreach} "
+                f"(torch's default here: {self.default_impl})")
+
+
+class AdamWManyForeach(AdamWMany):
+    """The same with foreach=True: the ``_foreach_*`` implementation (PyTorch's default for
+    plain CPU tensors and, once it recognizes them, for tpu tensors)."""
+
+    name = "adamw_many_foreach"
+    # NOTE: explicit, not None: torch.optim's default picks foreach only for tensors whose
+    # type is exactly Tensor/Parameter, which lazyrt's wrapper subclass is not (see
+    # ``default_impl`` in the results).
+    foreach = True
+
+
+# ---------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q = q.view(b, t, self.h, d // self.h).transpose(1, 2)
+        k = k.view(b, t, self.h, d // self.h).transpose(1, 2)
+        v = v.view(b, t, self.h, d // self.h).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = a.transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=512, d=256, h=4, layers=2, seq=128):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([Block(d, h) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, pos):
+        x = self.tok(idx) + self.pos(pos)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+class GPTTrain(Workload):
+    """2-layer GPT decoder (d 256, 4 heads, seq 128, batch 8, vocab 512), AdamW, full step."""
+
+    name = "gpt_train"
+    training = True
+    VOCAB, SEQ, BATCH = 512, 128, 8
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.model = GPT(vocab=self.VOCAB, seq=self.SEQ).to(device)
+        data = torch.randint(0, self.VOCAB, (self.BATCH, self.SEQ + 1))
+        self.idx = data[:, :-1].contiguous().to(device)
+        self.tgt = data[:, 1:].contiguous().to(device)
+        self.pos = torch.arange(self.SEQ).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
+
+    def step(self):
+        self.opt.zero_grad(set_to_none=True)
+        logits = self.model(self.idx, self.pos)
+        loss = F.cross_entropy(logits.view(-1, self.VOCAB), self.tgt.view(-1))
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def describe(self):
+        return "GPT 2L d256 h4 seq128 b8 V512, SDPA causal, AdamW"
+
+
+class GPTInfer(GPTTrain):
+    """The same model, forward only under no_grad; logits.sum().item()."""
+
+    name = "gpt_infer"
+    training = False
+
+    def step(self):
+        with torch.no_grad():
+            logits = self.model(self.idx, self.pos)
+            return logits.sum().item()
+
+    def describe(self):
+        return "GPT forward only (no_grad), logits.sum().item()"
+
+
+# ---------------------------------------------------------------------------
+
+ATTENTION_SHAPES = {
+    # name: (batch, heads, seq, head_dim)
+    "b8h4s128d64": (8, 4, 128, 64),
+    "b4h8s256d64": (4, 8, 256, 64),
+    "b2h8s512d64": (2, 8, 512, 64),
+}
+
+
+class Attention(Workload):
+    """Causal SDPA forward + backward at one shape (the variant)."""
+
+    name = "attention"
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        variant = variant or next(iter(ATTENTION_SHAPES))
+        self.variant = variant
+        shape = ATTENTION_SHAPES[variant]
+        torch.manual_seed(SEED)
+        s = 1.0 / math.sqrt(math.sqrt(shape[-1]))
+        self.q = _rand(*shape, scale=s).to(device).requires_grad_(True)
+        self.k = _rand(*shape, scale=s).to(device).requires_grad_(True)
+        self.v = _rand(*shape).to(device).requires_grad_(True)
+
+    def step(self):
+        for t in (self.q, self.k, self.v):
+            t.grad = None
+        o = F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=True)
+        loss = (o * o).mean()
+        loss.backward()
+        return loss.item()
+
+    def probe(self):
+        return float(self.q.grad.sum().item())
+
+    def describe(self):
+        b, h, s, d = ATTENTION_SHAPES[self.variant]
+        return f"SDPA causal fwd+bwd B{b} H{h} S{s} D{d}"
+
+
+WORKLOADS: dict[str, type[Workload]] = {
+    cls.name: cls
+    for cls in (EwChain, TinyOps, MLPTrain, AdamWMany, AdamWManyForeach, GPTTrain, GPTInfer,
+                Attention)
+}

@@ -1,0 +1,97 @@
+"""Smoke test of the perf suite: ``python -m perf --quick`` on two workloads.
+
+Checks the JSON schema and that strict, defer and CPU eager agree on the losses of the first
+steps. Never checks timings (they depend on the machine and its load).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = ["ew_chain", "mlp_train"]
+MODES = ["strict", "defer", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("perf") / "perf.json"
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.pop("TORCH_TPU_MODE", None)
+    cmd = [sys.executable, "-m", "perf", "--quick", "--only", ",".join(WORKLOADS),
+           "--steps", "2", "--warmup", "2", "--threads", "1", "--json", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"python -m perf failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    assert "workload" in p.stdout  # the readable table was printed
+    with open(out) as f:
+        return json.load(f)
+
+
+def _num(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def test_machine_and_config(report):
+    assert report["schema"] == "lazyrt-perf/1"
+    m = report["machine"]
+    for key in ("cpu_model", "cores", "jax_backend", "jax_version", "torch_version"):
+        assert m.get(key) not in (None, ""), key
+    assert report["config"]["modes"] == MODES
+    assert report["config"]["workloads"] == WORKLOADS
+    assert report["config"]["quick"] is True
+
+
+def test_results_per_mode(report):
+    res = report["results"]
+    assert {(r["workload"], r["mode"]) for r in res} == {(w, m) for w in WORKLOADS for m in MODES}
+    for r in res:
+        assert r["ok"], r.get("error")
+        assert len(r["step_ms"]) == report["config"]["steps"]
+        assert _num(r["median_ms"]) and r["median_ms"] > 0
+        assert r["losses"] and all(_num(x) for x in r["losses"])
+        if r["mode"] == "cpu":
+            assert "hbm_peak_bytes" not in r
+            continue
+        for key in ("hbm_peak_bytes", "first_step_compile_s", "cache_misses_after_warmup",
+                    "flushes_per_step", "counters_timed"):
+            assert key in r, key
+        assert r["hbm_peak_bytes"] > 0
+        assert r["first_step_compile_s"] > 0  # step 1 compiled something
+        assert 0.0 <= r["cache_hit_rate_after_warmup"] <= 1.0
+
+
+def test_summary_schema(report):
+    summary = {s["label"]: s for s in report["summary"]}
+    assert list(summary) == WORKLOADS
+    for s in summary.values():
+        for m in MODES:
+            assert _num(s[f"{m}_ms"])
+        assert _num(s["speedup_defer_vs_strict"]) and _num(s["speedup_defer_vs_cpu"])
+        for m in ("strict", "defer"):
+            for key in ("hbm_peak_bytes", "first_step_compile_s", "cache_hit_rate",
+                        "cache_misses_after_warmup", "flushes_per_step"):
+                assert f"{m}_{key}" in s, (m, key)
+        assert s["errors"] == {}
+    assert isinstance(report["bars"], list) and report["bars"]
+    assert all(b["status"] in ("PASS", "MISS", "n/a") for b in report["bars"])
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_losses_agree_across_modes(report, workload):
+    by_mode = {r["mode"]: r["losses"] for r in report["results"] if r["workload"] == workload}
+    ref = by_mode["cpu"]
+    for m in ("strict", "defer"):
+        got = by_mode[m]
+        n = min(len(got), len(ref))
+        assert n >= 2
+        for a, b in zip(got[:n], ref[:n]):
+            assert a == pytest.approx(b, rel=1e-3, abs=1e-5), (workload, m, got, ref)
+    s = next(s for s in report["summary"] if s["label"] == workload)
+    assert s["losses_agree"] is True
+
