@@ -315,6 +315,8 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                 results = exe.compiled(donated, kept, scal)
             exec_s = time.perf_counter() - t0
+            if donated:
+                memory.untrack(donated)
         except KeyboardInterrupt:
             raise
         except Exception as e:

@@ -31,8 +31,11 @@ def _compile(prog, arrays, scalars):
 def run(prog, arrays, scalars, log: bool | None = None):
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously)."""
     exe = prog.exe
+    compile_s = 0.0
     if exe is None:
+        t0 = time.perf_counter()
         exe = _compile(prog, arrays, scalars)
+        compile_s = time.perf_counter() - t0
     else:
         COUNTERS["cache_hits"] += 1
     live_before = memory._state["live"]
@@ -45,15 +48,19 @@ def run(prog, arrays, scalars, log: bool | None = None):
     track = memory.track
     for o in outs:
         track(o)
-    mem = prog.mem
-    peak = max(live_before - memory.bytes_of(arrays), 0) + mem.peak_bytes
-    st = memory._state
-    if peak > st["peak"]:
-        st["peak"] = peak
-        st["peak_where"] = prog.name
-    if log or (log is None and memory.LOG_STRICT[0]):
+    if log is None:
+        log = memory.LOG_STRICT[0]
+    if log:
         memory.record_execution(
-            mode="strict", name=prog.name, trace_hash=f"{prog.uid:x}", num_ops=1, cache_hit=True,
-            compile_seconds=0.0, execute_seconds=dt, analysis=mem, live_before=live_before,
-            passed_bytes=memory.bytes_of(arrays), t_start=t0)
+            mode="strict", name=prog.name, trace_hash=f"{prog.uid:x}", num_ops=1,
+            cache_hit=compile_s == 0.0, compile_seconds=compile_s, execute_seconds=dt,
+            analysis=prog.mem, live_before=live_before, passed_bytes=memory.bytes_of(arrays),
+            t_start=t0)
+    else:
+        # The same accounting as record_execution, without the log record (hot path).
+        peak = max(live_before - memory.bytes_of(arrays), 0) + prog.mem.peak_bytes
+        st = memory._state
+        if peak > st["peak"]:
+            st["peak"] = peak
+            st["peak_where"] = prog.name
     return outs

@@ -26,7 +26,6 @@ _live: dict[int, tuple] = {}  # id(array) -> (weakref, nbytes)
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
 # Counters already attributed to a logged execution (strict mode learns its
 # compiles from them; see record_execution).
-_seen = {"misses": 0, "compile_s": 0.0}
 LIVE_WHERE = "live tensors (between computations)"
 _log: list[FlushRecord] = []
 _listeners: list = []
@@ -205,15 +204,6 @@ def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cac
         st["peak_where"] = source or name
         st["peak_index"] = idx
     _observe(st["live"])
-    # Strict mode reports every execution as a hit with no compile time; the
-    # compile counters say whether this one compiled (and for how long).
-    misses, comp = COUNTERS["cache_misses"], COUNTERS["compile_seconds"]
-    if misses < _seen["misses"] or comp < _seen["compile_s"]:  # metrics.reset()
-        _seen["misses"], _seen["compile_s"] = 0, 0.0
-    if mode != "defer" and cache_hit and not compile_seconds and misses > _seen["misses"]:
-        cache_hit = False
-        compile_seconds = comp - _seen["compile_s"]
-    _seen["misses"], _seen["compile_s"] = misses, comp
     if log and len(_log) < LOG_LIMIT:
         rec = FlushRecord(
             index=idx, mode=mode, trace_hash=trace_hash, num_ops=num_ops, cache_hit=cache_hit,
