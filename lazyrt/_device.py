@@ -204,6 +204,16 @@ def register() -> None:
             _LIB.impl(name, kernel, "PrivateUse1")
         except RuntimeError:
             pass
+
+    # torch.tensor(data, device="tpu") copies with the Python key excluded: the copy
+    # reaches the backend's _copy_from.
+    def _copy_from(self, dst, non_blocking=False):
+        from ._dispatch import _h_copy_, resolve
+
+        _h_copy_(resolve(aten.copy_.default), (dst, self), {})
+        return dst
+
+    _LIB.impl("_copy_from", _copy_from, "PrivateUse1")
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(_after_optimizer_step)

@@ -301,13 +301,24 @@ def _functional_of(op: OpOverload):
                 return f
         return None
     if name.endswith("_") and not name.startswith("__"):
-        packet = getattr(aten, name[:-1], None)
-        if packet is None:
-            return None
-        f = getattr(packet, ov, None)
-        if f is None:
-            return None
-        return f
+        want = [(a.name, str(a.type)) for a in s.arguments]
+        # foo_.ov -> foo.ov, else the overload of foo (or foo_functional) with the same
+        # arguments (bernoulli_.float -> bernoulli.p, normal_ -> normal_functional).
+        for fname in (name[:-1], name[:-1] + "_functional"):
+            packet = getattr(aten, fname, None)
+            if packet is None:
+                continue
+            f = getattr(packet, ov, None)
+            if f is not None and [(a.name, str(a.type)) for a in f._schema.arguments] == want:
+                return f
+            for cand in packet.overloads():
+                f = getattr(packet, cand)
+                fs = f._schema
+                if any(a.is_out or (a.alias_info is not None and a.alias_info.is_write)
+                       for a in fs.arguments):
+                    continue
+                if [(a.name, str(a.type)) for a in fs.arguments] == want:
+                    return f
     return None
 
 
@@ -464,10 +475,7 @@ def _cpu_input(e, t: torch.Tensor, vals):
             f"tpu:0 and {t.device}! (when checking argument for {e.name})")
     if t.device.type == "meta":
         raise NotImplementedError(f"lazyrt: {e.name} got a meta tensor")
-    arr = jax.device_put(_dtypes.torch_to_numpy(t.detach().cpu()))
-    COUNTERS["transfers_to_device"] += 1
-    memory.track(arr)
-    vals.append(arr)
+    vals.append(host_to_device(t))
     return ("cpu", tuple(t.shape), t.dtype)
 
 
@@ -880,7 +888,7 @@ def _h_data_dependent(e, args, kwargs):
         if isinstance(a, TpuTensor):
             return concrete(a)
         if isinstance(a, torch.Tensor):
-            return jnp.asarray(_dtypes.torch_to_numpy(a.detach().cpu()))
+            return host_to_device(a)
         if type(a) is list:
             return [conc(x) for x in a]
         if type(a) is tuple:
@@ -987,7 +995,7 @@ def cpu_fallback(e, args, kwargs):
         for x in seq:
             if x is not None and id(x) in originals:
                 t = originals[id(x)]
-                write(t, _host_to_value(x, t))
+                write(t, host_to_device(x))
 
     def back(r):
         if isinstance(r, torch.Tensor):
@@ -1003,19 +1011,20 @@ def cpu_fallback(e, args, kwargs):
     return back(res)
 
 
-def _host_to_value(c: torch.Tensor, like: TpuTensor):
-    arr = jax.device_put(_dtypes.torch_to_numpy(c.contiguous()))
+def host_to_device(c: torch.Tensor):
+    """The one host->device transfer: a CPU tensor to a tracked jax.Array.
+
+    NOTE: under enable_x64, or JAX would silently truncate int64/float64 to 32 bits.
+    """
+    with _X64(True):
+        arr = jax.device_put(_dtypes.torch_to_numpy(c.detach().cpu().contiguous()))
     memory.track(arr)
     COUNTERS["transfers_to_device"] += 1
-    if config.mode == "defer":
-        return arr
     return arr
 
 
 def from_cpu(c: torch.Tensor) -> TpuTensor:
-    arr = jax.device_put(_dtypes.torch_to_numpy(c.detach().contiguous()))
-    memory.track(arr)
-    COUNTERS["transfers_to_device"] += 1
+    arr = host_to_device(c)
     return new_tensor(arr, (tuple(c.shape), contiguous_strides(c.shape), c.dtype, 0))
 
 

@@ -416,11 +416,6 @@ def logit(self, eps=None):
     return jnp.log(x / (1 - x))
 
 
-@lower(aten.polygamma.default)
-def polygamma(n, self):
-    return jss.polygamma(n, _float_of(self))
-
-
 @lower(aten.mvlgamma.default)
 def mvlgamma(self, p):
     return jss.multigammaln(_float_of(self), p)

@@ -1,0 +1,380 @@
+"""PyTorch semantics on tpu, checked against CPU eager: views and in-place ops,
+dtype promotion, RNG, errors at the op, device API, modes, printing."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazyrt
+from _util import assert_close
+
+
+def _both(fn, *inputs):
+    """Run ``fn`` on CPU copies and on tpu copies of ``inputs``; compare everything."""
+    cpu = [x.clone() for x in inputs]
+    tpu = [x.clone().to("tpu") for x in inputs]
+    out_c = fn(*cpu)
+    out_t = fn(*tpu)
+    assert_close(out_t, out_c)
+    for a, b in zip(tpu, cpu):
+        assert_close(a, b)
+
+
+# ---- views and in-place ----------------------------------------------------------------
+
+
+def test_mutation_through_slices_and_views(mode):
+    def f(x):
+        x[1:3, ::2] = 7.0
+        v = x.t()
+        v[0].mul_(2)
+        w = x.view(-1)[3:9]
+        w.add_(1)
+        x.select(1, 2).fill_(-1)
+        return x.sum(0)
+
+    _both(f, torch.randn(5, 4))
+
+
+def test_views_of_views_and_base_updates(mode):
+    def f(x):
+        a = x[1:]
+        b = a[:, 1:3]
+        c = b.transpose(0, 1)
+        x.mul_(3)  # base change is seen by every view
+        c[0, 0] = 100.0
+        d = x.unsqueeze(0).expand(2, -1, -1)
+        return a.clone(), b.clone(), c.contiguous(), d.sum(0)
+
+    _both(f, torch.randn(4, 5))
+
+
+def test_diagonal_and_as_strided_writes(mode):
+    def f(x):
+        x.diagonal().zero_()
+        x.as_strided((2, 2), (1, 3), 1).add_(5)
+        torch.diagonal(x, 1).copy_(torch.arange(3.0, device=x.device))
+        return x
+
+    _both(f, torch.randn(4, 4))
+
+
+def test_split_unbind_chunk_views(mode):
+    def f(x):
+        a, b = x.split([1, 3], dim=1)
+        b.mul_(-1)
+        for i, row in enumerate(x.unbind(0)):
+            row.add_(i)
+        x.chunk(2, dim=0)[1].fill_(0.5)
+        return x
+
+    _both(f, torch.randn(4, 4))
+
+
+def test_index_put_masked_fill_copy(mode):
+    def f(x, idx):
+        x[idx] = -3.0
+        x[x > 1] = 1.0
+        x.masked_fill_(x < -2, 0.0)
+        y = torch.zeros_like(x)
+        y.copy_(x * 2)
+        x.index_put_((idx,), torch.ones(idx.shape[0], x.shape[1], device=x.device), accumulate=True)
+        return y
+
+    _both(f, torch.randn(6, 3), torch.tensor([0, 2, 2]))
+
+
+def test_detach_and_data_share_storage(mode):
+    x = torch.randn(3, device="tpu", requires_grad=True)
+    d = x.detach()
+    d.add_(1)
+    with torch.no_grad():
+        x.data.mul_(2)
+    assert torch.equal(x.detach().cpu(), d.cpu())
+    assert x.requires_grad and not d.requires_grad
+    x.data = torch.zeros(3, device="tpu")
+    assert_close(x.detach(), torch.zeros(3))
+    assert x.requires_grad
+
+
+def test_inplace_on_leaf_requiring_grad_raises_like_pytorch():
+    x = torch.randn(3, device="tpu", requires_grad=True)
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        x.add_(1)
+
+
+# ---- dtypes ---------------------------------------------------------------------------------
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+          torch.int8, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("a", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [torch.float32, torch.int64, torch.bool, torch.float16], ids=str)
+def test_type_promotion(a, b):
+    x = torch.arange(1, 7).reshape(2, 3).to(a)
+    y = torch.arange(2, 8).reshape(2, 3).to(b)
+    for fn in (torch.add, torch.mul, torch.maximum, torch.eq):
+        assert_close(fn(x.to("tpu"), y.to("tpu")), fn(x, y))
+    assert_close(x.to("tpu") * 2.5, x * 2.5)
+    assert_close(x.to("tpu") + 3, x + 3)
+    assert_close(x.to("tpu") / y.to("tpu"), x / y, rtol=1e-2, atol=1e-2)
+
+
+def test_int64_and_float64_are_exact():
+    big = torch.tensor([2**40 + 1, 2**41 + 3, -(2**50)], dtype=torch.int64)
+    assert torch.equal(big.to("tpu").cumsum(0).cpu(), big.cumsum(0))
+    assert (big.to("tpu") * 3).cpu().tolist() == (big * 3).tolist()
+    d = torch.tensor([1 / 3, math.pi, 1e-300], dtype=torch.float64)
+    assert torch.equal((d.to("tpu") * 7).cpu(), d * 7)
+    idx = torch.tensor([5, 2**33], dtype=torch.int64)
+    assert (idx.to("tpu") + 1).cpu().tolist() == [6, 2**33 + 1]
+
+
+def test_user_jax_default_dtypes_untouched():
+    import jax.numpy as jnp
+
+    _ = torch.ones(3, dtype=torch.int64, device="tpu").sum().item()
+    assert jnp.arange(3).dtype == jnp.int32
+    assert jnp.ones(2).dtype == jnp.float32
+
+
+# ---- RNG -----------------------------------------------------------------------------------------
+
+
+def test_manual_seed_reproducible(mode):
+    torch.manual_seed(123)
+    a = torch.randn(100, device="tpu").cpu()
+    d1 = F.dropout(torch.ones(100, device="tpu"), 0.5).cpu()
+    torch.manual_seed(123)
+    b = torch.randn(100, device="tpu").cpu()
+    d2 = F.dropout(torch.ones(100, device="tpu"), 0.5).cpu()
+    assert torch.equal(a, b) and torch.equal(d1, d2)
+    c = torch.randn(100, device="tpu").cpu()
+    assert not torch.equal(a, c)
+    state = torch.tpu.get_rng_state()
+    e = torch.rand(10, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(e, torch.rand(10, device="tpu").cpu())
+
+
+def test_random_distributions(mode):
+    torch.manual_seed(0)
+    n = 200_000
+    x = torch.randn(n, device="tpu").cpu()
+    assert abs(x.mean()) < 0.02 and abs(x.std() - 1) < 0.02
+    u = torch.rand(n, device="tpu").cpu()
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+    r = torch.randint(3, 9, (n,), device="tpu").cpu()
+    assert r.dtype == torch.int64 and r.min() == 3 and r.max() == 8
+    y = torch.empty(n, device="tpu").normal_(2.0, 3.0).cpu()
+    assert abs(y.mean() - 2) < 0.05 and abs(y.std() - 3) < 0.05
+    z = torch.empty(n, device="tpu").uniform_(-2, 4).cpu()
+    assert z.min() >= -2 and z.max() < 4 and abs(z.mean() - 1) < 0.05
+    b = torch.bernoulli(torch.full((n,), 0.3, device="tpu")).cpu()
+    assert abs(b.mean() - 0.3) < 0.01
+    d = F.dropout(torch.ones(n, device="tpu"), 0.25).cpu()
+    assert abs((d == 0).float().mean() - 0.25) < 0.01
+    assert torch.allclose(d[d != 0], torch.tensor(1 / 0.75))
+    p = torch.randperm(1000, device="tpu").cpu()
+    assert torch.equal(p.sort().values, torch.arange(1000))
+    w = torch.tensor([0.1, 0.2, 0.7], device="tpu")
+    m = torch.multinomial(w, 30000, replacement=True).cpu()
+    freq = torch.bincount(m, minlength=3).float() / 30000
+    assert torch.allclose(freq, torch.tensor([0.1, 0.2, 0.7]), atol=0.02)
+    m2 = torch.multinomial(torch.ones(4, 10, device="tpu"), 10).cpu()
+    assert all(sorted(row) == list(range(10)) for row in m2.tolist())
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+def test_shape_error_raises_at_the_op(mode):
+    a = torch.randn(2, 3, device="tpu")
+    b = torch.randn(4, 5, device="tpu")
+    # PyTorch's meta kernels word some messages differently from its CPU kernels.
+    with pytest.raises(RuntimeError, match="size of tensor a|broadcast"):
+        a + torch.randn(4, device="tpu")
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
+        a @ b
+    with pytest.raises(RuntimeError):
+        a.view(5)
+    with pytest.raises(IndexError):
+        a.sum(dim=3)
+    # the runtime stays usable
+    assert_close(a + 1, a.cpu() + 1)
+
+
+def test_dtype_error_and_device_mismatch(mode):
+    a = torch.ones(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="result type Float can't be cast|Promotion of int"):
+        a.add_(1.5)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+
+
+_LIB = torch.library.Library("lazyrt_test", "DEF")
+_LIB.define("mystery(Tensor x) -> Tensor")
+_LIB.impl("mystery", lambda x: x * 3 + 1, "CPU")
+
+
+def test_unsupported_op_names_itself():
+    x = torch.randn(4, device="tpu")
+    with pytest.raises(NotImplementedError, match="'lazyrt_test.mystery.default' has no lowering"):
+        torch.ops.lazyrt_test.mystery(x)
+    lazyrt.set_cpu_fallback(True)
+    try:
+        lazyrt.metrics.reset()
+        with pytest.warns(UserWarning, match="on the CPU"):
+            y = torch.ops.lazyrt_test.mystery(x)
+        assert y.device.type == "tpu"
+        assert_close(y, x.cpu() * 3 + 1)
+        c = lazyrt.metrics.counters()
+        assert c["cpu_fallbacks"] == 1 and c["cpu_fallback_ops"] == {"lazyrt_test.mystery.default": 1}
+    finally:
+        lazyrt.set_cpu_fallback(False)
+
+
+def test_numpy_requires_cpu():
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(TypeError, match="Use Tensor.cpu"):
+        x.numpy()
+    assert x.cpu().numpy().tolist() == [1.0, 1.0]
+
+
+# ---- data-dependent ops ----------------------------------------------------------------------
+
+
+def test_data_dependent_ops(mode):
+    def f(x):
+        nz = torch.nonzero(x > 0)
+        sel = x[x > 0]
+        ms = torch.masked_select(x, x < 0)
+        u, inv, cnt = torch.unique(torch.round(x), return_inverse=True, return_counts=True)
+        flag = bool((x > 10).any())
+        if x.sum() > -100:
+            flag = flag or True
+        return nz, sel, ms, u, inv, cnt, torch.tensor(flag)
+
+    _both(f, torch.randn(5, 4))
+
+
+# ---- device API, modes, printing ------------------------------------------------------------
+
+
+def test_device_module_api():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    assert "XLA" in torch.tpu.get_device_name() and "JAX" in torch.tpu.get_device_name()
+    assert torch.tpu.get_device_properties(0).platform
+    torch.tpu.manual_seed(5)
+    assert torch.tpu.initial_seed() == 5
+    torch.tpu.synchronize()
+    assert torch.device("tpu").type == "tpu"
+    assert torch.zeros(2, device="tpu").device == torch.device("tpu", 0)
+
+
+def test_modes_api():
+    assert lazyrt.get_mode() in ("strict", "debug", "defer")
+    with lazyrt.set_mode("defer"):
+        assert torch.tpu.eager_mode == torch.tpu.EagerMode.DEFER_AND_FUSE
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):
+            assert lazyrt.get_mode() == "strict"
+        assert lazyrt.get_mode() == "defer"
+    with pytest.raises(ValueError, match="'strict', 'debug', 'defer'"):
+        lazyrt.set_mode("fast")
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"TORCH_TPU_MODE": "defer"}, "defer"), ({"TORCH_TPU_MODE": "debug"}, "debug"),
+    ({}, "strict"), ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "defer"),
+    ({"TORCH_TPU_LAUNCH_BLOCKING": "1"}, "debug"),
+])
+def test_mode_from_environment(env, expected):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", "import lazyrt; print(lazyrt.get_mode())"],
+                         env=full, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == expected, out.stderr
+
+
+def test_bad_mode_env_is_a_clear_error():
+    env = dict(os.environ, TORCH_TPU_MODE="fastest")
+    out = subprocess.run([sys.executable, "-c", "import lazyrt"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0
+    assert "TORCH_TPU_MODE='fastest' is not a valid mode" in out.stderr
+    assert "'strict', 'debug', 'defer'" in out.stderr
+
+
+def test_print_and_tolist(mode):
+    x = torch.tensor([[1.5, 2.0], [3.0, 4.0]])
+    t = x.to("tpu")
+    assert repr(t) == repr(x)[:-1] + ", device='tpu:0')"
+    assert repr(t.to(torch.int32)) == "tensor([[1, 2],\n        [3, 4]], device='tpu:0', dtype=torch.int32)"
+    assert t.tolist() == x.tolist()
+    assert t[0, 0].item() == 1.5
+    r = torch.ones(2, device="tpu", requires_grad=True) * 2
+    assert "grad_fn=<MulBackward0>" in repr(r)
+    assert f"{t.sum():.1f}" == "10.5"
+
+
+def test_matmul_precision_setting():
+    a = torch.randn(64, 64)
+    b = torch.randn(64, 64)
+    exact = (a.double() @ b.double()).float()
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        hi = (a.to("tpu") @ b.to("tpu")).cpu()
+        torch.testing.assert_close(hi, exact, rtol=1e-5, atol=1e-4)
+        torch.set_float32_matmul_precision("medium")
+        med = (a.to("tpu") @ b.to("tpu")).cpu()
+        torch.testing.assert_close(med, exact, rtol=2e-2, atol=0.5)
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+# ---- debug mode ---------------------------------------------------------------------------------
+
+
+def test_debug_mode_names_op_that_made_nan():
+    with lazyrt.set_mode("debug"):
+        x = torch.tensor([1.0, -1.0], device="tpu")
+        y = x * 2  # fine
+        with pytest.raises(FloatingPointError, match=r"aten\.(sqrt|log)\.default produced NaN.*test_semantics\.py"):
+            torch.sqrt(y)
+        m = torch.zeros(3, device="tpu").masked_fill(torch.tensor([True, False, False], device="tpu"),
+                                                       float("-inf"))
+        assert m[0].item() == float("-inf")
+
+
+def test_debug_compare_reports_divergence():
+    from lazyrt import _dispatch
+    from lazyrt.lowering._registry import LOWERINGS
+
+    op = torch.ops.aten.sinh.default
+    entry = _dispatch.resolve(op)
+    real = entry.fn
+    prev = lazyrt.config.debug_compare
+    try:
+        entry.fn = lambda x: real(x) + 1.0  # a wrong lowering
+        entry.plans.clear()
+        lazyrt.config.debug_compare = True
+        _dispatch._divergences.clear()
+        with lazyrt.set_mode("debug"), pytest.warns(UserWarning, match="aten.sinh.default diverges"):
+            torch.sinh(torch.ones(3, device="tpu"))
+        assert _dispatch.divergences()
+    finally:
+        entry.fn = real
+        entry.plans.clear()
+        lazyrt.config.debug_compare = prev
+        _dispatch._divergences.clear()
+    assert LOWERINGS[op].fn is real
