@@ -70,6 +70,11 @@ def pending_count() -> int:
 def record(prog, inputs, scalars):
     """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings."""
     tr = _trace
+    if len(tr.nodes) >= config.max_pending_ops:
+        # NOTE: checked before recording, while this op's inputs are still held by
+        # the caller, so they are live outputs of the budget flush.
+        flush(reason="pending-op budget (LAZYRT_MAX_PENDING_OPS)")
+        tr = _trace
     refs = []
     h = tr.h
     for v in inputs:
@@ -109,11 +114,6 @@ def note_storage(st, old) -> None:
     tr.storages.add(st)
     if old is not None and type(old) is not Pending:
         tr.overwritten.add(id(old))
-
-
-def maybe_flush_budget() -> None:
-    if len(_trace.nodes) >= config.max_pending_ops:
-        flush(reason="pending-op budget (LAZYRT_MAX_PENDING_OPS)")
 
 
 class _Exe:

@@ -214,9 +214,15 @@ def register() -> None:
         return dst
 
     _LIB.impl("_copy_from", _copy_from, "PrivateUse1")
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    import torch.optim.optimizer as optim_mod
 
-    register_optimizer_step_post_hook(_after_optimizer_step)
+    optim_mod.register_optimizer_step_post_hook(_after_optimizer_step)
+    # torch.optim picks foreach/fused only for tensors whose type is exactly Tensor or
+    # Parameter; a tpu parameter is a TpuTensor (flagged _is_param).
+    from ._tensor import TpuTensor
+
+    if TpuTensor not in optim_mod._foreach_supported_types:
+        optim_mod._foreach_supported_types.append(TpuTensor)
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:

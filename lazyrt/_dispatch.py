@@ -459,6 +459,24 @@ def _install_backward_error_hook():
 _install_backward_error_hook()
 
 
+def _install_fast_dispatch_rule_lookup():
+    # NOTE: PyTorch asks torch._library.simple_registry for a torch_dispatch rule
+    # on every op of a tensor subclass (~3 us). lazyrt registers none for TpuTensor.
+    import torch._library.simple_registry as sr
+
+    orig = sr.find_torch_dispatch_rule
+
+    def find_torch_dispatch_rule(op, torch_dispatch_class):
+        if torch_dispatch_class is TpuTensor:
+            return None
+        return orig(op, torch_dispatch_class)
+
+    sr.find_torch_dispatch_rule = find_torch_dispatch_rule
+
+
+_install_fast_dispatch_rule_lookup()
+
+
 _tensor._dispatch = dispatch
 
 # ---------------------------------------------------------------------------
@@ -597,7 +615,6 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal) -> Plan:
         tpl_kwargs["generator"] = _GSLOT
     n_arr = len(vals)
     scalar_kinds = tuple("f" for _ in scal) + (("i",) if e.random else ())
-    fn = e.fn
     in_avals = tuple((tuple(v.shape), jnp.dtype(v.dtype)) for v in vals)
 
     def call(*flat):
@@ -610,7 +627,9 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal) -> Plan:
         kw = {k: _rebuild(v, arrs, it_sc) for k, v in tpl_kwargs.items()}
         if e.random:
             kw["generator"] = jax.random.PRNGKey(seed)
-        return fn(*a, **kw)
+        # NOTE: e.fn, not a captured function: a lowering fixed after a failed flush is
+        # what the retry traces.
+        return e.fn(*a, **kw)
 
     # Output specs from PyTorch's meta kernel (raises PyTorch's errors for bad input).
     try:
@@ -814,8 +833,6 @@ def _h_functional(e, args, kwargs):
     if e.n_returns == 1 and plan.fresh_kinds[0] == "T":
         return new_tensor(outs[0], plan.out_specs[0])
     res, _ = _wrap_fresh(plan, outs)
-    if config.mode == "defer":
-        _defer.maybe_flush_budget()
     return res[0] if e.n_returns == 1 else tuple(res)
 
 
@@ -866,8 +883,6 @@ def _h_mutating(e, args, kwargs):
         else:
             write(m, outs[i])
             i += 1
-    if config.mode == "defer":
-        _defer.maybe_flush_budget()
     if e.n_returns == 0:
         return None
     res = []

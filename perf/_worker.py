@@ -46,7 +46,7 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     device = "cpu" if mode == "cpu" else "tpu"
     lazyrt = None
     if device == "tpu":
-        import lazyrt  # noqa: F811
+        import lazyrt
 
         lazyrt.set_mode(mode)
     torch.manual_seed(0)
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         res = run(a.workload, a.mode, a.steps, max(a.warmup, 1), a.variant, a.threads)
-    except Exception as e:  # report, don't hide: the parent prints the error in the table
+    except Exception as e:  # noqa: BLE001  report, don't hide: the parent prints the error in the table
         res = {"workload": a.workload, "variant": a.variant, "mode": a.mode, "ok": False,
                "error": f"{type(e).__name__}: {e}"[:2000],
                "traceback": traceback.format_exc()[-6000:]}

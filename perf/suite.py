@@ -77,7 +77,7 @@ def machine_info(env) -> dict:
     # JAX is asked in a subprocess: initializing a GPU/TPU backend here would hold the device
     # (and preallocate its memory) while the workers run.
     try:
-        out = subprocess.run([sys.executable, "-c", _INFO_CODE], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", _INFO_CODE], check=False, capture_output=True, text=True,
                              env=env, cwd=_ROOT, timeout=120)
         info.update(json.loads(out.stdout.strip().splitlines()[-1]))
     except Exception as e:  # noqa: BLE001
@@ -125,7 +125,7 @@ def run_worker(row: dict, mode: str, steps: int, warmup: int, env: dict, timeout
     wenv.update(row["env"])
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=wenv, cwd=_ROOT,
+        p = subprocess.run(cmd, check=False, capture_output=True, text=True, env=wenv, cwd=_ROOT,
                            timeout=timeout)
         with open(path) as f:
             text = f.read()
@@ -162,7 +162,7 @@ def _losses_agree(by_mode: dict) -> tuple[bool | None, float | None]:
     ref = lists[ref_mode]
     worst = 0.0
     ok = True
-    for m, v in lists.items():
+    for v in lists.values():
         n = min(len(v), len(ref))
         if n == 0:
             continue

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 SEED = 0
 
@@ -99,7 +99,6 @@ class EwChain(Workload):
         self.out = None  # let the previous result go, as a loop would
         self.out = self._chain(self.x)
         _sync(self.device)
-        return None
 
     def probe(self):
         return float(self.out.double().sum().item()) if self.device == "cpu" else float(
@@ -131,7 +130,6 @@ class TinyOps(Workload):
             y = y + b
         self.out = y
         _sync(self.device)
-        return None
 
     def probe(self):
         return float(self.out.sum().item())
@@ -197,7 +195,6 @@ class AdamWMany(Workload):
     def step(self):
         self.opt.step()
         _sync(self.device)
-        return None
 
     def probe(self):
         return float(self.params[0].detach().sum().item())

@@ -49,7 +49,7 @@ def _unsafe_index_put(self, indices, values, accumulate=False):
 @lower(aten.index_select.default)
 def index_select(self, dim, index):
     if self.ndim == 0:
-        return self.reshape(1)[index.reshape(-1)].reshape(index.shape)
+        return self.reshape(1)[index.reshape(-1).astype(jnp.int64)].reshape(())
     return jnp.take(self, index.astype(jnp.int64), axis=canon_dim(dim, self.ndim))
 
 

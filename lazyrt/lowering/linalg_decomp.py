@@ -261,7 +261,11 @@ def linalg_qr(A, mode="reduced"):
 
 @lower(aten.geqrf.default)
 def geqrf(self):
-    a, tau = lax.linalg.geqrf(self)
+    from jax._src.lax.linalg import geqrf as _geqrf
+
+    if self.size == 0:
+        return self, jnp.zeros(self.shape[:-2] + (min(self.shape[-2:]),), self.dtype)
+    a, tau = _geqrf(self)
     return a, tau
 
 
@@ -274,17 +278,11 @@ def linalg_householder_product(input, tau):
 
 @lower(aten.ormqr.default)
 def ormqr(self, input2, input3, left=True, transpose=False):
-    m = self.shape[-2]
+    if input3.size == 0:
+        return input3
     k = input2.shape[-1]
-    a = self[..., :, :k]
-    if k < m:
-        a = jnp.concatenate([a, jnp.zeros(a.shape[:-1] + (m - k,), a.dtype)], axis=-1)
-    tau = jnp.concatenate([input2, jnp.zeros(input2.shape[:-1] + (m - k,), input2.dtype)], -1) \
-        if k < m else input2
-    Q = lax.linalg.householder_product(a, tau.astype(a.dtype))  # full m x m
-    if transpose:
-        Q = _mH(Q)
-    return _mm(Q, input3) if left else _mm(input3, Q)
+    return lax.linalg.ormqr(self[..., :, :k], input2.astype(self.dtype), input3, left=left,
+                            transpose=transpose)
 
 
 @lower(aten._linalg_svd.default)
@@ -375,3 +373,16 @@ def linalg_pinv_float(self, *, atol=None, rtol=None, hermitian=False):
 def linalg_pinv_rcond(self, rcond, hermitian=False):
     rdt = jnp.real(self).dtype
     return _pinv(self, jnp.zeros((), rdt), jnp.asarray(rcond, rdt), hermitian)
+
+
+@lower(aten._linalg_check_errors.default, data_dependent=True)
+def _linalg_check_errors(info, api_name, *, is_matrix):
+    """Raise PyTorch's LinAlgError for a nonzero ``info`` (a sync, as on CUDA)."""
+    import numpy as np
+    import torch
+
+    i = np.asarray(info)
+    if i.size and np.any(i != 0):
+        torch.ops.aten._linalg_check_errors(torch.from_numpy(i.astype(np.int32)), api_name,
+                                            is_matrix=is_matrix)
+    return None

@@ -80,8 +80,9 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         mean, var = running_mean, running_var
         rstd = lax.rsqrt(var + eps)
         new_rm, new_rv = running_mean, running_var
-        save_mean = jnp.zeros((0,), x.dtype)
-        save_rstd = jnp.zeros((0,), x.dtype)
+        # PyTorch's meta kernels give the eval-mode saved stats shape [C] (its CPU kernel
+        # returns empty tensors): return the statistics used.
+        save_mean, save_rstd = mean, rstd
     out = (x - _bshape(x, mean)) * _bshape(x, rstd)
     if weight is not None:
         out = out * _bshape(x, weight)
