@@ -298,3 +298,122 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     inv = np.cumsum(change) - 1
     cnt = np.diff(np.append(np.nonzero(change)[0], m.shape[0]))
     return jnp.asarray(vals), jnp.asarray(inv.astype(np.int64)), jnp.asarray(cnt.astype(np.int64))
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """Rescale the rows of ``self`` that ``indices`` reference (each once) to norm <= max_norm."""
+    used = jnp.zeros((self.shape[0],), jnp.bool_).at[indices.reshape(-1).astype(jnp.int64)].set(True)
+    a = jnp.abs(self.astype(jnp.float32) if self.dtype in (jnp.bfloat16, jnp.float16) else self)
+    p = jnp.where(norm_type == 0, 1.0, norm_type).astype(a.dtype)
+    norm = jnp.where(norm_type == 0, jnp.sum((a != 0).astype(a.dtype), -1),
+                     jnp.where(jnp.isinf(norm_type), jnp.max(a, -1, initial=0),
+                               jnp.sum(a ** p, -1) ** (1 / p)))
+    scale = jnp.where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return (self * scale[:, None].astype(self.dtype)).astype(self.dtype)
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    if self.ndim == 0:
+        return index_reduce(self.reshape(1), 0, index.reshape(-1), source.reshape(-1), reduce,
+                            include_self=include_self).reshape(())
+    d = canon_dim(dim, self.ndim)
+    idx = (slice(None),) * d + (index.astype(jnp.int64),)
+    src = source.astype(self.dtype)
+    touched = jnp.zeros(self.shape, jnp.bool_).at[idx].set(True)
+    flt = jnp.issubdtype(self.dtype, jnp.inexact)
+    if reduce == "prod":
+        base = self if include_self else jnp.where(touched, 1, self)
+        return base.at[idx].multiply(src)
+    if reduce in ("amax", "amin"):
+        if flt:
+            fill = -jnp.inf if reduce == "amax" else jnp.inf
+        else:
+            info = jnp.iinfo(self.dtype)
+            fill = info.min if reduce == "amax" else info.max
+        base = self if include_self else jnp.where(touched, fill, self)
+        return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
+    if reduce == "mean":
+        base = self if include_self else jnp.where(touched, 0, self)
+        s = base.at[idx].add(src)
+        cnt = jnp.full(self.shape, 1 if include_self else 0, jnp.int64).at[idx].add(1)
+        cnt = jnp.maximum(cnt, 1)
+        return s / cnt if flt else jnp.floor_divide(s, cnt)
+    raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin, "
+                       f"got {reduce}.")
+
+
+@lower(aten.put.default)
+def put(self, index, source, accumulate=False):
+    flat = self.reshape(-1)
+    i = index.reshape(-1).astype(jnp.int64)
+    i = jnp.where(i < 0, i + flat.size, i)
+    src = source.reshape(-1).astype(self.dtype)
+    out = flat.at[i].add(src) if accumulate else flat.at[i].set(src)
+    return out.reshape(self.shape)
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(self, *, size, fill_value=-1):
+    if self.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    nz = jnp.nonzero(self, size=size, fill_value=fill_value)
+    return jnp.stack([a.astype(jnp.int64) for a in nz], axis=-1)
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                   initial=None):
+    import jax
+
+    ax = canon_dim(axis, data.ndim)
+    if lengths is None:
+        lengths = offsets[..., 1:] - offsets[..., :-1]
+    lengths = lengths.astype(jnp.int64)
+    lead = data.shape[:ax]
+    nseg = lengths.shape[-1]
+    n = data.shape[ax]
+    rest = data.shape[ax + 1:]
+    x = data.reshape((-1, n) + rest)
+    lens = jnp.broadcast_to(lengths, lead + (nseg,)).reshape(-1, nseg)
+    flt = jnp.issubdtype(data.dtype, jnp.inexact)
+    if initial is not None:
+        init = initial
+    elif reduce == "max":
+        init = -jnp.inf if flt else jnp.iinfo(data.dtype).min
+    elif reduce == "min":
+        init = jnp.inf if flt else jnp.iinfo(data.dtype).max
+    elif reduce == "prod":
+        init = 1
+    else:
+        init = 0
+
+    def one(xb, lb):
+        ends = jnp.cumsum(lb)
+        seg = jnp.searchsorted(ends, jnp.arange(n), side="right")
+        base = jnp.full((nseg,) + rest, init, xb.dtype)
+        if reduce in ("sum", "mean"):
+            out = base.at[seg].add(xb, mode="drop")
+        elif reduce == "prod":
+            out = base.at[seg].multiply(xb, mode="drop")
+        elif reduce == "max":
+            out = base.at[seg].max(xb, mode="drop")
+            nan = jnp.zeros((nseg,) + rest, jnp.bool_).at[seg].max(jnp.isnan(xb), mode="drop") \
+                if flt else None
+            out = jnp.where(nan, jnp.nan, out) if flt else out
+        elif reduce == "min":
+            out = base.at[seg].min(xb, mode="drop")
+            nan = jnp.zeros((nseg,) + rest, jnp.bool_).at[seg].max(jnp.isnan(xb), mode="drop") \
+                if flt else None
+            out = jnp.where(nan, jnp.nan, out) if flt else out
+        else:
+            raise RuntimeError(f"unsupported reduction {reduce}")
+        if reduce == "mean":
+            lr = lb.reshape((nseg,) + (1,) * len(rest))
+            empty = jnp.nan if initial is None else init
+            out = jnp.where(lr > 0, out / jnp.maximum(lr, 1).astype(out.dtype), empty)
+        return out
+
+    out = jax.vmap(one)(x, lens)
+    return out.reshape(lead + (nseg,) + rest)

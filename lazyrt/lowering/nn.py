@@ -551,3 +551,98 @@ def bce_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)
+
+
+# ---- distances, bilinear, embedding_bag -------------------------------------------------------
+
+
+def _pnorm_last(d, p):
+    """p-norm over the last axis of |differences| d, for a runtime p (0, inf, or > 0)."""
+    safe_p = jnp.where((p == 0) | jnp.isinf(p), 1.0, p).astype(d.dtype)
+    general = jnp.sum(d ** safe_p, axis=-1) ** (1 / safe_p)
+    zero = jnp.sum((d != 0).astype(d.dtype), axis=-1)
+    inf = jnp.max(d, axis=-1, initial=0)
+    return jnp.where(p == 0, zero, jnp.where(jnp.isinf(p), inf, general))
+
+
+@lower(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode):
+    a = opmath(x1)
+    b = opmath(x2)
+    if a.shape[-1] == 0 or a.size == 0 or b.size == 0:
+        batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        return jnp.zeros(batch + (a.shape[-2], b.shape[-2]), a.dtype)
+    d = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
+    return _pnorm_last(d, p)
+
+
+@lower(aten._pdist_forward.default)
+def _pdist_forward(self, p=2.0):
+    n = self.shape[0]
+    i, j = np.triu_indices(n, 1)
+    x = opmath(self)
+    if i.size == 0:
+        return jnp.zeros((0,), x.dtype)
+    d = jnp.abs(x[i] - x[j])
+    if x.shape[1] == 0:
+        return jnp.zeros((i.size,), x.dtype)
+    return _pnorm_last(d, p)
+
+
+@lower(aten._trilinear.default)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    def ex(t, e):
+        for d in sorted(e):
+            t = jnp.expand_dims(t, d)
+        return t
+
+    out = ex(i1, expand1) * ex(i2, expand2) * ex(i3, expand3)
+    if sumdim:
+        out = jnp.sum(out, axis=tuple(sorted(set(sumdim))))
+    return out
+
+
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                   include_last_offset, padding_idx):
+    idx = indices.reshape(-1).astype(jnp.int64)
+    off = offsets.reshape(-1).astype(jnp.int64)
+    n = idx.shape[0]
+    nb = off.shape[0] - (1 if include_last_offset else 0)
+    dim = weight.shape[1]
+    pos = jnp.arange(n)
+    seg = (jnp.searchsorted(off[:nb] if nb else off[:1], pos, side="right") - 1) if nb else \
+        jnp.zeros((n,), jnp.int64)
+    seg = jnp.clip(seg, 0, max(nb - 1, 0)).astype(jnp.int64)
+    end = off[nb] if include_last_offset and nb >= 0 and off.shape[0] > nb else n
+    keep = pos < end
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (idx != padding_idx)
+    rows = jnp.take(weight, jnp.clip(idx, 0, weight.shape[0] - 1), axis=0)
+    counts = jnp.zeros((max(nb, 0),), jnp.int64).at[seg].add(keep.astype(jnp.int64))
+    if mode == 2:
+        neg = jnp.asarray(-jnp.inf, rows.dtype)
+        vals = jnp.where(keep[:, None], rows, neg)
+        out = jnp.full((nb, dim), -jnp.inf, rows.dtype).at[seg].max(vals)
+        out = jnp.where(counts[:, None] > 0, out, 0)
+        # the embedding index of each max (first occurrence)
+        hit = (vals == out[seg]) & keep[:, None]
+        cand = jnp.where(hit, pos[:, None], n)
+        first = jnp.full((nb, dim), n, jnp.int64).at[seg].min(cand)
+        max_idx = jnp.where(first < n, idx[jnp.clip(first, 0, max(n - 1, 0))], 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * per_sample_weights.reshape(-1, 1).astype(rows.dtype)
+        out = jnp.zeros((nb, dim), rows.dtype).at[seg].add(jnp.where(keep[:, None], rows, 0))
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
+        max_idx = jnp.zeros((0,), jnp.int64)
+    bag_size = jnp.zeros(off.shape, jnp.int64).at[:nb].set(counts) if nb != off.shape[0] \
+        else counts
+    return out, seg, bag_size, max_idx
+
+
+@lower(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    return _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+                          per_sample_weights, include_last_offset, padding_idx)

@@ -426,7 +426,7 @@ def positive(self):
     return self
 
 
-@lower(aten.conj_physical.default)
+@lower(aten.conj_physical.default, aten._conj_physical.default)
 def conj_physical(self):
     return jnp.conj(self)
 

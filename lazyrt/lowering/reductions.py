@@ -6,7 +6,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._registry import aten, lower
-from ._util import canon_dim, dims, jdt, opmath
+from ._util import canon_dim, jdt, opmath
+from ._util import dims as _dims
+
+
+def dims(dim, ndim):
+    """Reduction axes; a 0-dim tensor accepts dim 0 / -1 and reduces over nothing."""
+    if ndim == 0:
+        return ()
+    return _dims(dim, ndim)
 
 
 def _acc(x, dtype=None):
@@ -34,7 +42,7 @@ def prod_all(self, *, dtype=None):
 
 @lower(aten.prod.dim_int)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.prod(_acc(self, dtype), axis=canon_dim(dim, self.ndim), keepdims=keepdim)
+    return jnp.prod(_acc(self, dtype), axis=dims(dim, self.ndim), keepdims=keepdim)
 
 
 @lower(aten.mean.default)
@@ -312,24 +320,33 @@ def count_nonzero(self, dim):
 
 @lower(aten.count_nonzero.default)
 def count_nonzero_one(self, dim=None):
-    return jnp.sum(self != 0, axis=None if dim is None else canon_dim(dim, self.ndim))
+    return jnp.sum(self != 0, axis=dims(dim, self.ndim))
 
 
 @lower(aten.linalg_vector_norm.default)
 def vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = jnp.abs(_acc(self, dtype))
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.float32)
     ax = dims(dim, self.ndim)
-    if isinstance(ord, (int, float)) and ord == float("inf"):
-        return jnp.max(x, axis=ax, keepdims=keepdim)
-    if isinstance(ord, (int, float)) and ord == float("-inf"):
-        return jnp.min(x, axis=ax, keepdims=keepdim)
-    if isinstance(ord, (int, float)) and ord == 0:
-        return jnp.sum((x != 0).astype(x.dtype), axis=ax, keepdims=keepdim)
-    if isinstance(ord, (int, float)) and ord == 1:
-        return jnp.sum(x, axis=ax, keepdims=keepdim)
-    if isinstance(ord, (int, float)) and ord == 2:
-        return jnp.sqrt(jnp.sum(x * x, axis=ax, keepdims=keepdim))
-    return jnp.sum(x**ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
+    red = dict(axis=ax, keepdims=keepdim)
+    if isinstance(ord, (int, bool)):  # a static ord: one reduction
+        if ord == 0:
+            return jnp.sum((x != 0).astype(x.dtype), **red)
+        if ord == 1:
+            return jnp.sum(x, **red)
+        if ord == 2:
+            return jnp.sqrt(jnp.sum(x * x, **red))
+        return jnp.sum(x ** ord, **red) ** (1.0 / ord)
+    # A float ord is a runtime value: compute each case and select.
+    ord = jnp.asarray(ord, x.dtype)
+    safe = jnp.where(jnp.isinf(ord) | (ord == 0), 1.0, ord).astype(x.dtype)
+    general = jnp.sum(x ** safe, **red) ** (1.0 / safe)
+    out = jnp.where(ord == 0, jnp.sum((x != 0).astype(x.dtype), **red), general)
+    if x.size:
+        out = jnp.where(ord == jnp.inf, jnp.max(x, **red), out)
+        out = jnp.where(ord == -jnp.inf, jnp.min(x, **red), out)
+    return out
 
 
 @lower(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dtype, aten.norm.ScalarOpt_dim_dtype)
@@ -339,7 +356,9 @@ def norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.aminmax.default)
 def aminmax(self, *, dim=None, keepdim=False):
-    ax = None if dim is None else canon_dim(dim, self.ndim)
+    ax = dims(dim, self.ndim)
+    if dim is None and keepdim:
+        ax = None  # aminmax(dim=None, keepdim=True) keeps every dim as size 1
     return jnp.min(self, axis=ax, keepdims=keepdim), jnp.max(self, axis=ax, keepdims=keepdim)
 
 

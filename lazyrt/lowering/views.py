@@ -267,3 +267,17 @@ def constant_pad_nd(self, pad, value=0):
         lo, hi = pad[2 * (n - 1 - i)], pad[2 * (n - 1 - i) + 1]
         cfg.append((lo, hi, 0))
     return lax.pad(self, jnp.asarray(value, self.dtype), cfg)
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    off = storage_offset or 0
+    flat = self.reshape(-1)
+    idx = jnp.full(tuple(size), off, dtype=jnp.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (jnp.arange(n, dtype=jnp.int64) * s).reshape(shape)
+    if idx.size == 0:
+        return self
+    return flat.at[idx.reshape(-1)].set(src.reshape(-1).astype(self.dtype)).reshape(self.shape)
