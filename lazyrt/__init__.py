@@ -65,13 +65,7 @@ def hlo(*tensors) -> str:
     if tensors:
         pend = _pending_of(tensors)
     else:
-        pend = []
-        for st in list(tr.storages):
-            v = st.value
-            from ._ir import Pending
-
-            if type(v) is Pending and v.trace is tr:
-                pend.append(v)
+        pend = [st.value for st, _ in _defer._live_outputs(tr)[0]]
     return _defer.hlo_text(tr, pend)
 
 

@@ -48,7 +48,8 @@ class Trace:
         self.leaves: list = []  # materialized inputs (jax arrays)
         self.leaf_index: dict = {}  # id(array) -> leaf number
         self.scalars: list = []  # runtime scalars, flat
-        self.storages = weakref.WeakSet()  # storages that hold a pending value of this trace
+        # weak refs to storages that got a pending value of this trace (may repeat)
+        self.storages: list = []
         self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
@@ -111,7 +112,7 @@ def record(prog, inputs, scalars):
 def note_storage(st, old) -> None:
     """``st`` now holds a pending value; ``old`` was its previous value."""
     tr = _trace
-    tr.storages.add(st)
+    tr.storages.append(weakref.ref(st))
     if old is not None and type(old) is not Pending:
         tr.overwritten.add(id(old))
 
@@ -131,7 +132,12 @@ def _live_outputs(tr: Trace):
     """(storage, output index) of every live storage holding a pending value of ``tr``,
     and the sorted output refs (the order is part of the cache key: never set order)."""
     found = []
-    for st in list(tr.storages):
+    seen = set()
+    for ref in tr.storages:
+        st = ref()
+        if st is None or id(st) in seen:
+            continue
+        seen.add(id(st))
         v = st.value
         if type(v) is Pending and v.trace is tr:
             found.append(((v.node << _SHIFT) | v.idx, st))

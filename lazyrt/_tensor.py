@@ -51,9 +51,6 @@ class TpuTensor(torch.Tensor):
         r._cver = cver
         return r
 
-    def __init__(self, *args, **kwargs):
-        pass
-
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})

@@ -358,6 +358,8 @@ def put(self, index, source, accumulate=False):
 def nonzero_static(self, *, size, fill_value=-1):
     if self.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
+    if self.size == 0:
+        return jnp.full((size, self.ndim), fill_value, jnp.int64)
     nz = jnp.nonzero(self, size=size, fill_value=fill_value)
     return jnp.stack([a.astype(jnp.int64) for a in nz], axis=-1)
 

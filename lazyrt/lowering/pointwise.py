@@ -439,6 +439,18 @@ def angle(self):
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0.0))
 
 
+@lower(aten.complex.default)
+def complex_(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return lax.complex(real, imag)
+
+
+@lower(aten.polar.default)
+def polar(abs, angle):
+    abs, angle = jnp.broadcast_arrays(abs, angle)
+    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+
+
 # ---- activations ---------------------------------------------------------------------------
 
 
@@ -641,3 +653,4 @@ def zero(self):
 @lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(self, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
+

@@ -281,3 +281,17 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     if idx.size == 0:
         return self
     return flat.at[idx.reshape(-1)].set(src.reshape(-1).astype(self.dtype)).reshape(self.shape)
+
+
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = canon_dim(dim1, self.ndim), canon_dim(dim2, self.ndim)
+    x = jnp.moveaxis(self, (d1, d2), (-2, -1))
+    n1, n2 = x.shape[-2:]
+    r0, c0 = max(-offset, 0), max(offset, 0)
+    L = max(min(n1 - r0, n2 - c0), 0)
+    if L == 0:
+        return self
+    i = jnp.arange(L)
+    x = x.at[..., i + r0, i + c0].set(src.astype(self.dtype))
+    return jnp.moveaxis(x, (-2, -1), (d1, d2))
