@@ -69,16 +69,16 @@ def hlo(*tensors) -> str:
     return _defer.hlo_text(tr, pend)
 
 
-def coverage() -> dict:
-    """Which ATen ops lazyrt lowers directly and which it decomposes, for checking a
-    model's ops before porting. Returns {"lowered": [...], "derived": [...]}."""
-    from .lowering._registry import LOWERINGS
+def coverage(op=None):
+    """Which ATen ops lazyrt lowers, derives, decomposes, or lacks (see ``lazyrt._coverage``).
 
-    lowered = sorted(str(op) for op in LOWERINGS)
-    derived = []
-    for packet_name in dir(torch.ops.aten):
-        pass
-    return {"lowered": lowered, "num_lowered": len(lowered), "derived": derived}
+    ``lazyrt.coverage()`` -> {"lowered": [...], "derived": [...], "decomposed": [...],
+    "functional": [...], "missing": [...], "counts": {...}};
+    ``lazyrt.coverage("aten.add.Tensor")`` -> "lowered".
+    """
+    from ._coverage import coverage as _cov
+
+    return _cov(op)
 
 
 _orig_set_prec = torch.set_float32_matmul_precision

@@ -1,2 +1,3 @@
 XFAIL = {}
 XFAIL_DTYPE = {}
+XFAIL_GRAD = {}

@@ -6,7 +6,11 @@ strict and in defer mode; outputs must match in shape, dtype and value. The
 expected failures are listed, each with its reason, in ``opinfo_xfail.py``;
 an entry there that passes fails the run (strict xfail), so the list only shrinks.
 
-Full run: ``LAZYRT_OPINFO_SAMPLES=0 python -m pytest tests/test_opinfo.py -n 2``.
+Gradients: the first sample of every autograd-capable op (every 3rd in CI) must give
+the same input gradients as CPU autograd.
+
+Full run: ``LAZYRT_OPINFO_SAMPLES=0 LAZYRT_OPINFO_GRAD_EVERY=1
+LAZYRT_OPINFO_GRAD_MODES=strict,defer python -m pytest tests/test_opinfo.py -n 2``.
 Other dtypes: ``LAZYRT_OPINFO_DTYPES=float32,bfloat16,int64``.
 """
 from __future__ import annotations
@@ -19,7 +23,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
 from _util import assert_close, to_cpu, to_tpu
-from opinfo_xfail import XFAIL, XFAIL_DTYPE
+from opinfo_xfail import XFAIL, XFAIL_DTYPE, XFAIL_GRAD
 
 MAX_SAMPLES = int(os.environ.get("LAZYRT_OPINFO_SAMPLES", "3"))
 DTYPES = [getattr(torch, d) for d in os.environ.get("LAZYRT_OPINFO_DTYPES", "float32").split(",")]
@@ -68,6 +72,71 @@ def _tol(op, dtype):
     if dtype in (torch.bfloat16, torch.float16):
         return 2e-2, 2e-2
     return TOL.get(_id(op), TOL["default"])
+
+
+GRAD_MODES = os.environ.get("LAZYRT_OPINFO_GRAD_MODES", "strict").split(",")
+# CI checks the gradients of every 3rd autograd op (a fixed sample); 1 = all of them.
+GRAD_EVERY = int(os.environ.get("LAZYRT_OPINFO_GRAD_EVERY", "3"))
+
+
+def _grad_ops():
+    out = []
+    k = -1
+    for op in op_db:
+        if not op.supports_autograd or torch.float32 not in op.supported_dtypes("cpu"):
+            continue
+        k += 1
+        if k % GRAD_EVERY:
+            continue
+        oid = _id(op)
+        if oid in RANDOM_OPS or op.name in RANDOM_OPS:
+            continue
+        for mode in GRAD_MODES:
+            reason = (XFAIL.get(oid) or XFAIL.get(f"{oid}@{mode}") or XFAIL_GRAD.get(oid))
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            out.append(pytest.param(op, mode, id=f"{oid}-grad-{mode}", marks=marks))
+    return out
+
+
+def _flat_tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat_tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("op,mode", _grad_ops())
+def test_opinfo_grad(op, mode):
+    """The first sample's gradients w.r.t. every float input match CPU autograd."""
+    sample = next(iter(op.sample_inputs("cpu", torch.float32, requires_grad=True)))
+    args = (sample.input,) + tuple(sample.args)
+    inputs = [t for t in _flat_tensors(args) + _flat_tensors(list(sample.kwargs.values()))
+              if t.requires_grad]
+    out = op(*args, **sample.kwargs)
+    outs = [o for o in _flat_tensors(out) if o.requires_grad and o.dtype.is_floating_point]
+    if not outs or not inputs:
+        pytest.skip("no differentiable output")
+    g = torch.Generator().manual_seed(0)
+    cots = [torch.randn(o.shape, generator=g) for o in outs]
+    ref = torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+    lazyrt.metrics.reset()
+    with lazyrt.set_mode(mode):
+        targs = to_tpu(args)
+        tkw = to_tpu(sample.kwargs)
+        tinputs = [t for t in _flat_tensors(targs) + _flat_tensors(list(tkw.values()))
+                   if t.requires_grad]
+        tout = op(*targs, **tkw)
+        touts = [o for o in _flat_tensors(tout) if o.requires_grad and o.dtype.is_floating_point]
+        got = torch.autograd.grad(touts, tinputs, [c.to("tpu") for c in cots], allow_unused=True)
+        got = [None if x is None else x.cpu() for x in got]
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if b is None:
+            continue
+        assert a is not None, f"grad {i} missing"
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, equal_nan=True,
+                                   msg=lambda m: f"grad of input {i}: {m}")
+    assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 
 @pytest.mark.parametrize("op,dtype,mode", _ops())

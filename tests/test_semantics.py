@@ -378,3 +378,12 @@ def test_debug_compare_reports_divergence():
         lazyrt.config.debug_compare = prev
         _dispatch._divergences.clear()
     assert LOWERINGS[op].fn is real
+
+
+def test_coverage_report():
+    c = lazyrt.coverage()
+    assert c["counts"]["lowered"] >= 450
+    assert "aten.mm.default" in c["lowered"]
+    assert lazyrt.coverage("aten.add_.Tensor") == "derived"
+    assert lazyrt.coverage("aten.addmm.default") == "lowered"
+    assert lazyrt.coverage(torch.ops.lazyrt_test.mystery.default) == "missing"

@@ -2,6 +2,7 @@
 ``_registry.LOWERINGS``."""
 from . import _registry  # noqa: F401
 from . import (  # noqa: F401
+    attention,
     factories,
     fft,
     foreach,

@@ -17,12 +17,18 @@ def _dot(a, b):
 
 @lower(aten.mm.default)
 def mm(self, mat2):
-    return _dot(self, mat2)
+    from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
+
+    out = pallas_matmul(self, mat2)
+    return _dot(self, mat2) if out is None else out
 
 
 @lower(aten.bmm.default)
 def bmm(self, mat2):
-    return _dot(self, mat2)
+    from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
+
+    out = pallas_matmul(self, mat2)
+    return _dot(self, mat2) if out is None else out
 
 
 @lower(aten.matmul.default)
@@ -42,6 +48,12 @@ def dot(self, tensor):
 
 @lower(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if type(alpha) is int and alpha == 1 and type(beta) is int and beta == 1:
+        from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5)
+
+        out = pallas_matmul(mat1, mat2, bias=self)
+        if out is not None:
+            return out
     out = _dot(mat1, mat2)
     if not (isinstance(alpha, int) and alpha == 1):
         out = out * alpha

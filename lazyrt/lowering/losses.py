@@ -1,4 +1,93 @@
 """losses lowerings."""
 from __future__ import annotations
 
-from ._registry import aten, lower  # noqa: F401
+import jax.numpy as jnp
+
+from ._registry import aten, lower
+
+
+def _ctc(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    import jax
+    import numpy as np
+    from jax import lax
+
+    lp = log_probs.astype(jnp.float32) if log_probs.dtype in (jnp.bfloat16, jnp.float16) \
+        else log_probs
+    unbatched = lp.ndim == 2
+    if unbatched:
+        lp = lp[:, None]
+        targets = targets.reshape(1, -1) if targets.ndim == 1 else targets
+    T, N, C = lp.shape
+    il = np.asarray(list(input_lengths), np.int64).reshape(N)
+    tl = np.asarray(list(target_lengths), np.int64).reshape(N)
+    smax = int(tl.max()) if tl.size else 0
+    L = 2 * smax + 1
+    if targets.ndim == 1:  # concatenated targets
+        off = np.concatenate([[0], np.cumsum(tl)[:-1]]).astype(np.int64)
+        tidx = np.minimum(off[:, None] + np.arange(max(smax, 1))[None, :],
+                          max(targets.shape[0] - 1, 0))
+        tgt = targets[jnp.asarray(tidx)] if targets.shape[0] else jnp.zeros(tidx.shape, jnp.int64)
+    else:
+        tgt = targets[:, :max(smax, 1)] if targets.shape[1] else jnp.zeros((N, 1), jnp.int64)
+        if tgt.shape[1] < max(smax, 1):
+            tgt = jnp.pad(tgt, ((0, 0), (0, max(smax, 1) - tgt.shape[1])))
+    tgt = tgt.astype(jnp.int64)[:, :smax]
+    ext = jnp.full((N, L), blank, jnp.int64)
+    if smax:
+        ext = ext.at[:, 1::2].set(tgt)
+    s = np.arange(L)
+    valid_s = jnp.asarray(s[None, :] < (2 * tl[:, None] + 1))
+    prev2 = jnp.concatenate([jnp.full((N, 2), -1, jnp.int64), ext[:, :-2]], 1)
+    allow2 = (ext != blank) & (ext != prev2) & jnp.asarray(s >= 2)[None]
+    neg = jnp.asarray(-jnp.inf, lp.dtype)
+
+    def emit(t):
+        return jnp.take_along_axis(lp[t], ext, axis=1)  # N, L
+
+    a0 = jnp.where(jnp.asarray(s <= 1)[None] & valid_s, emit(0), neg)
+
+    def step(a, t):
+        a1 = jnp.concatenate([jnp.full((N, 1), neg), a[:, :-1]], 1)
+        a2 = jnp.concatenate([jnp.full((N, 2), neg), a[:, :-2]], 1)
+        a2 = jnp.where(allow2, a2, neg)
+        m = jnp.maximum(jnp.maximum(a, a1), a2)
+        ms = jnp.where(jnp.isinf(m), 0, m)
+        lse = ms + jnp.log(jnp.exp(a - ms) + jnp.exp(a1 - ms) + jnp.exp(a2 - ms))
+        new = jnp.where(valid_s, lse + emit(t), neg)
+        new = jnp.where(jnp.asarray(t < il)[:, None], new, a)  # freeze past the input length
+        return new, new
+
+    if T > 1:
+        _, rest = lax.scan(step, a0, jnp.arange(1, T))
+        alphas = jnp.concatenate([a0[None], rest], 0)  # T, N, L
+    else:
+        alphas = a0[None]
+    last = alphas[jnp.asarray(np.maximum(il - 1, 0)), jnp.arange(N)]  # N, L
+    e1 = jnp.take_along_axis(last, jnp.asarray(2 * tl)[:, None], 1)[:, 0]
+    e2 = jnp.where(jnp.asarray(tl > 0),
+                   jnp.take_along_axis(last, jnp.asarray(np.maximum(2 * tl - 1, 0))[:, None], 1)[:, 0],
+                   neg)
+    nll = -jnp.logaddexp(e1, e2)
+    nll = jnp.where(jnp.asarray(il == 0), jnp.where(jnp.asarray(tl == 0), 0, jnp.inf), nll)
+    if zero_infinity:
+        nll = jnp.where(jnp.isinf(nll), 0, nll)
+    log_alpha = jnp.transpose(alphas, (1, 0, 2))
+    if unbatched:
+        return nll[0], log_alpha[0]
+    return nll, log_alpha
+
+
+@lower(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    return _ctc(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+
+
+@lower(aten._ctc_loss.Tensor, data_dependent=True)
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
+                     zero_infinity=False):
+    # log_alpha's shape depends on max(target_lengths): run on concrete lengths.
+    import numpy as np
+
+    il = np.asarray(input_lengths).reshape(-1).tolist()
+    tl = np.asarray(target_lengths).reshape(-1).tolist()
+    return _ctc(log_probs, targets, il, tl, blank, zero_infinity)

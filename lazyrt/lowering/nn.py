@@ -646,3 +646,79 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     return _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
                           per_sample_weights, include_last_offset, padding_idx)
+
+
+# ---- grid sampling -------------------------------------------------------------------------
+
+
+def _grid_unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, lo2, hi2):
+    """Reflect coordinates into [lo2/2, hi2/2] (PyTorch's reflect_coordinates, twice-scaled bounds)."""
+    if lo2 == hi2:
+        return jnp.zeros_like(coord)
+    mn = lo2 / 2
+    span = (hi2 - lo2) / 2
+    c = jnp.abs(coord - mn)
+    extra = jnp.fmod(c, span)
+    flips = jnp.floor(c / span)
+    return jnp.where(flips % 2 == 0, extra + mn, span - extra + mn)
+
+
+def _grid_source_index(coord, size, padding_mode, align_corners):
+    c = _grid_unnormalize(coord, size, align_corners)
+    if padding_mode == 1:  # border
+        c = jnp.clip(c, 0, size - 1)
+    elif padding_mode == 2:  # reflection
+        c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+        c = jnp.clip(c, 0, size - 1)
+    return c
+
+
+def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners):
+    """2-D/3-D grid_sample with bilinear (0) or nearest (1) interpolation."""
+    x = opmath(input)
+    nd = x.ndim - 2
+    N, C = x.shape[:2]
+    sizes = x.shape[2:]  # (D,) H, W
+    g = grid.astype(x.dtype)
+    out_sp = g.shape[1:-1]
+    # grid's last dim is (x, y[, z]) = (W, H[, D])
+    coords = [_grid_source_index(g[..., nd - 1 - d], sizes[d], padding_mode, align_corners)
+              for d in range(nd)]
+    xf = x.reshape(N, C, -1)
+    strides = [int(np.prod(sizes[d + 1:])) for d in range(nd)]
+
+    def gather(idx_list):
+        valid = jnp.ones(idx_list[0].shape, jnp.bool_)
+        flat = jnp.zeros(idx_list[0].shape, jnp.int64)
+        for d, i in enumerate(idx_list):
+            valid = valid & (i >= 0) & (i < sizes[d])
+            flat = flat + jnp.clip(i, 0, sizes[d] - 1).astype(jnp.int64) * strides[d]
+        v = jnp.take_along_axis(xf, flat.reshape(N, 1, -1), axis=2)  # N, C, P
+        v = v.reshape((N, C) + out_sp)
+        return jnp.where(valid[:, None], v, 0)
+
+    if interpolation_mode == 1:  # nearest (round half to even, like nearbyint)
+        return gather([jnp.round(c) for c in coords])
+    if interpolation_mode != 0:
+        raise NotImplementedError("lazyrt: grid_sampler: bicubic is only supported in 2-D")
+    lo = [jnp.floor(c) for c in coords]
+    fr = [c - l for c, l in zip(coords, lo)]
+    out = 0
+    for corner in range(2 ** nd):
+        bits = [(corner >> (nd - 1 - d)) & 1 for d in range(nd)]
+        w = 1
+        for d, b in enumerate(bits):
+            w = w * (fr[d] if b else 1 - fr[d])
+        out = out + gather([lo[d] + bits[d] for d in range(nd)]) * w[:, None]
+    return out
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners)

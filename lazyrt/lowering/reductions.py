@@ -386,3 +386,193 @@ def log_softmax_backward(grad_output, output, dim, input_dtype):
     g, y = opmath(grad_output), opmath(output)
     d = canon_dim(dim, y.ndim)
     return g - jnp.exp(y) * jnp.sum(g, axis=d, keepdims=True)
+
+
+# ---- median / mode -----------------------------------------------------------------------------
+
+
+def _sorted_last(self, d):
+    """Stable ascending sort along d (NaN last), moved to the last axis: (values, indices)."""
+    x = jnp.moveaxis(self, d, -1)
+    idx = jnp.argsort(x, axis=-1, stable=True)
+    return jnp.take_along_axis(x, idx, axis=-1), idx
+
+
+@lower(aten.nanmedian.default)
+def nanmedian_all(self):
+    x = self.reshape(-1)
+    if x.size == 0:
+        return jnp.array(jnp.nan, self.dtype)
+    s = jnp.sort(x)
+    c = jnp.sum(~jnp.isnan(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else x.size
+    k = jnp.where(c == 0, (x.size - 1) // 2, (c - 1) // 2)
+    return s[k]
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(self, dim, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    d = canon_dim(dim, self.ndim)
+    s, idx = _sorted_last(self, d)
+    n = s.shape[-1]
+    if jnp.issubdtype(s.dtype, jnp.inexact):
+        c = jnp.sum(~jnp.isnan(s), axis=-1, keepdims=True)
+        k = jnp.where(c == 0, (n - 1) // 2, (c - 1) // 2)
+    else:
+        k = jnp.full(s.shape[:-1] + (1,), (n - 1) // 2)
+    v = jnp.take_along_axis(s, k, axis=-1)
+    i = jnp.take_along_axis(idx, k, axis=-1)
+    v, i = jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
+    if not keepdim:
+        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
+    return v, i
+
+
+@lower(aten.mode.default)
+def mode(self, dim=-1, keepdim=False):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    d = canon_dim(dim, self.ndim)
+    s, idx = _sorted_last(self, d)
+    n = s.shape[-1]
+    if n == 0:
+        shape = s.shape[:-1] + (1,) if keepdim else s.shape[:-1]
+        return jnp.zeros(shape, self.dtype), jnp.zeros(shape, jnp.int64)
+    pos = jnp.arange(n)
+    new_run = jnp.concatenate([jnp.ones(s.shape[:-1] + (1,), bool), s[..., 1:] != s[..., :-1]], axis=-1)
+    start = lax.cummax(jnp.where(new_run, pos, 0), axis=s.ndim - 1)
+    length = pos - start + 1
+    # The end of the first longest run: the smallest of the most frequent values; stable
+    # sorting makes its last element the value's last occurrence, as ATen returns.
+    best = jnp.argmax(length, axis=-1, keepdims=True)
+    v = jnp.take_along_axis(s, best, axis=-1)
+    i = jnp.take_along_axis(idx, best, axis=-1)
+    v, i = jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
+    if not keepdim:
+        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
+    return v, i
+
+
+# ---- histograms --------------------------------------------------------------------------------
+# ATen's histogramdd kernel: LINEAR (histc), LINEAR with a local search against the edges
+# (histogram/histogramdd with bin counts), BINARY search (explicit edge tensors). An
+# element outside [first edge, last edge] (or NaN) is skipped; the last bin is closed.
+
+
+def _linspace_edges(lo, hi, bins, dt):
+    lo = jnp.asarray(lo, dt)
+    hi = jnp.asarray(hi, dt)
+    steps = bins + 1
+    i = jnp.arange(steps, dtype=dt)
+    step = (hi - lo) / bins
+    half = steps // 2
+    return jnp.where(jnp.arange(steps) < half, lo + step * i, hi - step * (steps - 1 - i))
+
+
+def _bin_pos(x, edges, algorithm):
+    nb = edges.shape[0]  # number of edges
+    if algorithm == "binary":
+        pos = jnp.searchsorted(edges, x, side="right") - 1
+    else:
+        lo, hi = edges[0], edges[-1]
+        pos = ((x - lo) * (nb - 1) / (hi - lo))
+        pos = jnp.where(jnp.isfinite(pos), pos, 0).astype(jnp.int64)
+        if algorithm == "local":
+            pmin = jnp.maximum(pos - 1, 0)
+            pmax = jnp.minimum(pos + 2, nb)
+            cnt = jnp.zeros_like(pos)
+            for j in range(3):
+                e = pmin + j
+                cnt = cnt + ((e < pmax) & (edges[jnp.clip(e, 0, nb - 1)] <= x)).astype(pos.dtype)
+            pos = pmin + cnt - 1
+    pos = jnp.where(pos == nb - 1, pos - 1, pos)
+    valid = (x >= edges[0]) & (x <= edges[-1])
+    return jnp.clip(pos, 0, nb - 2), valid
+
+
+def _histdd(x, edges, algorithm, weight=None, density=False):
+    """x: (N, D); edges: D edge arrays -> hist of shape (len(e) - 1 for e in edges)."""
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    flat = jnp.zeros(x.shape[0], jnp.int64)
+    valid = jnp.ones(x.shape[0], bool)
+    for dd, e in enumerate(edges):
+        p, v = _bin_pos(x[:, dd], e, algorithm)
+        flat = flat * shape[dd] + p
+        valid = valid & v
+    w = jnp.ones(x.shape[0], x.dtype) if weight is None else weight.reshape(-1).astype(x.dtype)
+    total = 1
+    for s_ in shape:
+        total *= s_
+    hist = jnp.zeros(total, x.dtype).at[flat].add(jnp.where(valid, w, 0)).reshape(shape)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for dd, e in enumerate(edges):
+            widths = e[1:] - e[:-1]
+            hist = hist / widths.reshape([-1 if k == dd else 1 for k in range(len(edges))])
+    return hist
+
+
+def _outer_edges(x, rng, dt):
+    """select_outer_bin_edges: (lo, hi) per column of x (N, D)."""
+    D = x.shape[1]
+    if rng is not None:
+        lo = jnp.asarray([rng[2 * k] for k in range(D)], dt)
+        hi = jnp.asarray([rng[2 * k + 1] for k in range(D)], dt)
+    elif x.shape[0] > 0:
+        lo, hi = jnp.min(x, axis=0), jnp.max(x, axis=0)
+    else:
+        lo = hi = jnp.zeros((D,), dt)
+    same = lo == hi
+    return jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+
+
+@lower(aten.histc.default)
+def histc(self, bins=100, min=0, max=0):
+    dt = self.dtype if jnp.issubdtype(self.dtype, jnp.inexact) else jnp.float32
+    x = self.reshape(-1).astype(dt)
+    lo = jnp.asarray(min, jnp.float64 if dt == jnp.float64 else jnp.float32)
+    hi = jnp.asarray(max, lo.dtype)
+    if x.size:
+        use_data = lo == hi
+        lo = jnp.where(use_data, jnp.min(x).astype(lo.dtype), lo)
+        hi = jnp.where(use_data, jnp.max(x).astype(hi.dtype), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    edges = _linspace_edges(lo, hi, bins, dt)
+    return _histdd(x[:, None], [edges], "linear")
+
+
+@lower(aten.histogram.bin_ct)
+def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):
+    x = self.reshape(-1, 1)
+    lo, hi = _outer_edges(x, range, x.dtype)
+    edges = _linspace_edges(lo[0], hi[0], bins, x.dtype)
+    return _histdd(x, [edges], "local", weight, density), edges
+
+
+@lower(aten.histogram.bins_tensor)
+def histogram_bins_tensor(self, bins, *, weight=None, density=False):
+    x = self.reshape(-1, 1)
+    edges = bins.astype(x.dtype)
+    return _histdd(x, [edges], "binary", weight, density), bins
+
+
+@lower(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    x = self.reshape(-1, self.shape[-1])
+    lo, hi = _outer_edges(x, range, x.dtype)
+    return [_linspace_edges(lo[k], hi[k], b, x.dtype) for k, b in enumerate(bins)]
+
+
+@lower(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    x = self.reshape(-1, self.shape[-1])
+    edges = histogramdd_bin_edges(self, bins, range=range)
+    return _histdd(x, edges, "local", weight, density)
+
+
+@lower(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+    x = self.reshape(-1, self.shape[-1])
+    return _histdd(x, [b.astype(x.dtype) for b in bins], "binary", weight, density)

@@ -1,0 +1,206 @@
+"""The Pallas router: whether a lowering runs a ``kernels_pallas`` kernel or XLA's path.
+
+Policy (``lazyrt.config.pallas``, env ``LAZYRT_PALLAS``):
+  ``auto``  the kernels when the JAX backend is gpu/tpu *and* the shapes/dtypes fit
+            (``kernels_pallas.supports_*``); never on CPU, where Pallas only runs in
+            the (slow) interpret mode meant for testing. The default.
+  ``on``    the kernels whenever the shapes fit (interpret mode on CPU).
+  ``off``   never.
+
+The router never raises for inputs a kernel cannot take: it returns None (the
+caller runs its plain ``jnp``/XLA path) and counts ``pallas_fallbacks``.
+
+Counters (``lazyrt.metrics``): ``pallas_attention_calls``, ``pallas_matmul_calls``
+and ``pallas_fallbacks`` count *routing decisions made while tracing a lowering*
+("calls traced"), not executions: a lowering is traced when its plan is created
+(lazyrt's abstract check) and when it is compiled (once per plan in strict mode, once
+per compiled flush in defer mode); a cached executable that runs again adds nothing.
+So "> 0" means "a kernel is in the compiled code", "== 0" means "no kernel was
+traced". The one exception is the ``scaled_dot_product_attention`` redirect
+(``lowering/attention.py``), which runs per call and counts a fallback per call
+that cannot use the fused op at all (3-D inputs, dropout, a mask needing a grad).
+
+Routing is decided when a lowering is traced, and lazyrt caches plans and
+executables per op signature; change the policy with :func:`set_policy`, which
+drops the cached plans of the routed ops. Assigning ``config.pallas`` directly only
+affects signatures not yet planned.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ._config import config
+from .metrics import COUNTERS
+
+POLICIES = ("auto", "on", "off")
+
+
+@functools.lru_cache(maxsize=None)
+def _kp():
+    import kernels_pallas
+
+    return kernels_pallas
+
+
+def _backend() -> str:
+    return jax.default_backend()
+
+
+def active() -> bool:
+    """Whether the policy allows the kernels at all (shapes aside)."""
+    p = config.pallas
+    if p == "on":
+        return True
+    if p == "auto":
+        return _backend() in ("gpu", "tpu", "cuda", "rocm")
+    return False
+
+
+# ---------------------------------------------------------------------------
+# policy changes
+# ---------------------------------------------------------------------------
+
+def routed_ops():
+    """The ATen overloads whose lowerings consult this router."""
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.mm.default, aten.bmm.default, aten.addmm.default,
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+        aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_backward.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_efficient_attention_backward.default,
+    }
+
+
+def invalidate() -> None:
+    """Drop the cached plans (and so the compiled executables) of the routed ops and
+    of their in-place/out variants, so the next call re-traces under the policy now
+    in force. Existing tensors are unaffected."""
+    from . import _dispatch
+
+    ops = routed_ops()
+    with _dispatch._RESOLVE_LOCK:
+        for op, e in list(_dispatch._ENTRIES.items()):
+            if op in ops or _dispatch._functional_of(op) in ops:
+                e.plans.clear()
+
+
+def set_policy(policy: str) -> str:
+    """Set ``config.pallas`` to ``auto``/``on``/``off``; returns the previous policy.
+
+    Pending deferred work is flushed first (it was recorded under the old policy)."""
+    policy = str(policy).strip().lower()
+    if policy not in POLICIES:
+        raise ValueError(f"lazyrt: pallas policy {policy!r} must be one of {POLICIES}")
+    prev = config.pallas
+    if policy != prev:
+        from . import _device
+
+        _device.sync()
+        config.pallas = policy
+        invalidate()
+    return prev
+
+
+@contextlib.contextmanager
+def policy(p: str):
+    """``with lazyrt._pallas.policy("on"): ...`` sets the policy for the block."""
+    prev = set_policy(p)
+    try:
+        yield
+    finally:
+        set_policy(prev)
+
+
+def no_x64():
+    """lazyrt traces lowerings with x64 on; the kernels are traced with it off.
+
+    NOTE: kernels_pallas's causal flash attention fails to trace under x64
+    (``_causal_kv_blocks``: ``lax.div`` of the int32 program id by a Python int that
+    x64 makes int64). Their inputs are 32/16-bit, so x64 changes nothing else. The
+    custom VJP's backward is traced when the VJP is applied, so that must be inside
+    this context too (``flash_attention_vjp``).
+    """
+    return jax.enable_x64(False)
+
+
+# ---------------------------------------------------------------------------
+# matmul
+# ---------------------------------------------------------------------------
+
+def matmul(a, b, bias=None):
+    """``a @ b (+ bias)`` with the Pallas kernel, or None when not routed.
+
+    ``a``/``b``: [M, K] @ [K, N] or [B, M, K] @ [B, K, N] of one dtype; ``bias``:
+    None, [N] or [1, N] (``addmm``'s ``self`` broadcast over rows). Anything else
+    (other ranks or broadcasting, other dtypes, empty dims) returns None and counts
+    a fallback.
+    """
+    if not active():
+        return None
+    kp = _kp()
+    ok = (a.ndim in (2, 3) and a.ndim == b.ndim and a.dtype == b.dtype
+          and kp.supports_matmul(a.shape, b.shape, a.dtype))
+    if ok and bias is not None:
+        n = b.shape[-1]
+        if bias.shape == (1, n):
+            bias = bias.reshape(n)
+        ok = bias.shape == (n,) and jnp.issubdtype(bias.dtype, jnp.floating)
+    if not ok:
+        COUNTERS["pallas_fallbacks"] += 1
+        return None
+    COUNTERS["pallas_matmul_calls"] += 1
+    fn = kp.matmul if a.ndim == 2 else kp.batched_matmul
+    with no_x64():
+        return fn(a, b, bias=bias)
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+def attention_fits(q, k, v, mask) -> bool:
+    """Whether ``kernels_pallas.flash_attention`` takes these (shapes/dtypes only)."""
+    kp = _kp()
+    if not (q.dtype == k.dtype == v.dtype):
+        return False
+    return kp.supports_attention(
+        tuple(q.shape), tuple(k.shape), q.dtype, v_shape=tuple(v.shape),
+        mask_shape=None if mask is None else tuple(mask.shape),
+        mask_dtype=None if mask is None else mask.dtype)
+
+
+def use_attention(q, k, v, mask, count: bool = True) -> bool:
+    """Route this attention to the kernel? Counts the call or the fallback."""
+    if not active():
+        return False
+    if attention_fits(q, k, v, mask):
+        if count:
+            COUNTERS["pallas_attention_calls"] += 1
+        return True
+    if count:
+        COUNTERS["pallas_fallbacks"] += 1
+    return False
+
+
+def flash_attention(q, k, v, mask, causal: bool, scale):
+    """The kernel's forward (no routing, no counting): ``[B, Hq, L, E]``."""
+    with no_x64():
+        return _kp().flash_attention(q, k, v, mask, causal=bool(causal),
+                                     scale=None if scale is None else float(scale))
+
+
+def flash_attention_vjp(g, q, k, v, mask, causal: bool, scale):
+    """(dq, dk, dv) of the kernel (its custom VJP: the Pallas backward kernels)."""
+    with no_x64():
+        _, vjp = jax.vjp(lambda q_, k_, v_: flash_attention(q_, k_, v_, mask, causal, scale),
+                         q, k, v)
+        return vjp(g)

@@ -1,0 +1,276 @@
+"""Scaled dot-product attention: the fused SDPA ops, on the Pallas flash kernel or jnp.
+
+How ``F.scaled_dot_product_attention`` reaches these lowerings on ``tpu``
+----------------------------------------------------------------------------
+``aten::scaled_dot_product_attention`` is CompositeImplicitAutograd: its C++ body
+picks a backend with ``_fused_sdp_choice_stub``, a DispatchStub (not a dispatcher
+call, so lazyrt never sees it, and a Python backend cannot register one). For
+PrivateUse1 it answers "math", which decomposes into ``bmm``/``_safe_softmax``/``bmm``.
+
+So this module registers an ``AutogradPrivateUse1`` kernel for
+``aten::scaled_dot_product_attention`` (a ``torch.library`` registration, which
+takes precedence over the composite kernel for ``tpu`` tensors only). When the
+Pallas policy is active (``lazyrt._pallas.active()``) and the call can use a fused
+op (4-D q/k/v of one floating dtype, no dropout, a mask that needs no gradient,
+GQA only with ``enable_gqa=True``), it calls
+``aten._scaled_dot_product_fused_attention_overrideable``, PyTorch's fused SDPA op
+meant for PrivateUse1 backends: it takes ``attn_bias`` (bool or additive masks) and
+its backward returns k/v gradients with the kv-head count (GQA), and PyTorch's own
+autograd formula calls ``..._overrideable_backward``. Otherwise it runs the composite
+kernel unchanged (the math path), so ``LAZYRT_PALLAS=off`` (and ``auto`` on CPU)
+behaves exactly as before.
+
+The lowerings of the fused ops (the overrideable pair, and for direct callers the
+``_scaled_dot_product_flash_attention`` and ``_efficient_attention`` pairs) ask the
+router at trace time: ``kernels_pallas.flash_attention`` when it takes the shapes,
+else a plain ``jnp`` math path computing the same thing (so results never depend on
+the route). Gradients are ``jax.vjp`` of whichever function the forward used (the
+kernel's custom VJP runs the Pallas backward kernels; it recomputes the forward tile
+by tile, so the forward kernel runs again inside the backward).
+
+Returned ``logsumexp``: exact, computed with ``jnp`` (the public kernel API does not
+return its own), materializing the scores once; the backward never reads it.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .. import _pallas
+from ..metrics import COUNTERS
+from ._registry import aten, lower
+from ._util import matmul_precision
+
+_NEG_INF = float("-inf")
+
+
+# ---------------------------------------------------------------------------
+# jnp math path
+# ---------------------------------------------------------------------------
+
+def _scale_of(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _scores(q, k, mask, causal, scale):
+    """float32 scaled scores [B, Hq, L, S] with masks applied (-inf = dropped)."""
+    groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 and k.ndim >= 3 else 1
+    kf = k.astype(jnp.float32)
+    if groups > 1:
+        kf = jnp.repeat(kf, groups, axis=-3)
+    s = jnp.einsum("...qd,...kd->...qk", q.astype(jnp.float32), kf,
+                   precision=matmul_precision()) * _scale_of(q, scale)
+    if mask is not None:
+        s = jnp.where(mask, s, _NEG_INF) if mask.dtype == jnp.bool_ else s + mask.astype(jnp.float32)
+    if causal:
+        L, S = q.shape[-2], k.shape[-2]
+        keep = jnp.arange(S)[None, :] <= jnp.arange(L)[:, None]
+        s = jnp.where(keep, s, _NEG_INF)
+    return s
+
+
+def _math_attention(q, k, v, mask, causal, scale):
+    """softmax(q k^T * scale + mask) v in float32; rows with every key dropped are 0
+    (PyTorch's ``_safe_softmax``)."""
+    s = _scores(q, k, mask, causal, scale)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = lax.stop_gradient(jnp.where(jnp.isneginf(m), 0.0, m))
+    p = jnp.exp(s - m)
+    den = jnp.sum(p, axis=-1, keepdims=True)
+    p = p / jnp.where(den == 0.0, 1.0, den)
+    groups = q.shape[-3] // v.shape[-3] if q.ndim >= 3 and v.ndim >= 3 else 1
+    vf = v.astype(jnp.float32)
+    if groups > 1:
+        vf = jnp.repeat(vf, groups, axis=-3)
+    out = jnp.einsum("...qk,...kd->...qd", p, vf, precision=matmul_precision())
+    return out.astype(q.dtype)
+
+
+def _logsumexp(q, k, mask, causal, scale):
+    """[B, Hq, L] float32 (-inf for fully masked rows)."""
+    s = _scores(q, k, mask, causal, scale)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m0 = jnp.where(jnp.isneginf(m), 0.0, m)
+    return (jnp.log(jnp.sum(jnp.exp(s - m0), axis=-1, keepdims=True)) + m0)[..., 0]
+
+
+# ---------------------------------------------------------------------------
+# routed forward / backward
+# ---------------------------------------------------------------------------
+
+def _forward(q, k, v, mask, causal, scale, with_lse=True):
+    if _pallas.use_attention(q, k, v, mask):
+        out = _pallas.flash_attention(q, k, v, mask, causal, scale)
+    else:
+        out = _math_attention(q, k, v, mask, causal, scale)
+    lse = _logsumexp(q, k, mask, causal, scale) if with_lse else None
+    return out, lse
+
+
+def _backward(g, q, k, v, mask, causal, scale, grad_mask=False):
+    """(dq, dk, dv, dmask or None). A gradient for an additive mask forces the math
+    path (the kernel treats its mask as a constant)."""
+    g = g.astype(q.dtype)
+    if grad_mask and mask is not None and mask.dtype != jnp.bool_:
+        if _pallas.active():
+            COUNTERS["pallas_fallbacks"] += 1
+        _, vjp = jax.vjp(lambda q_, k_, v_, m_: _math_attention(q_, k_, v_, m_, causal, scale),
+                         q, k, v, mask)
+        return vjp(g)
+    if _pallas.use_attention(q, k, v, mask):
+        dq, dk, dv = _pallas.flash_attention_vjp(g, q, k, v, mask, causal, scale)
+    else:
+        _, vjp = jax.vjp(lambda q_, k_, v_: _math_attention(q_, k_, v_, mask, causal, scale),
+                         q, k, v)
+        dq, dk, dv = vjp(g)
+    return dq, dk, dv, None
+
+
+def _no_dropout(op, dropout_p):
+    # dropout_p is static (static_floats=True).
+    if dropout_p:
+        raise NotImplementedError(
+            f"lazyrt: {op} with dropout_p={dropout_p} is not supported on tpu; "
+            f"F.scaled_dot_product_attention with dropout takes the math path")
+
+
+def _zeros(shape, dtype):
+    return jnp.zeros(shape, dtype)
+
+
+# ---------------------------------------------------------------------------
+# the overrideable fused op (what SDPA on tpu is redirected to)
+# ---------------------------------------------------------------------------
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable.default, static_floats=True)
+def sdpa_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                      return_debug_mask=False, *, scale=None):
+    _no_dropout("_scaled_dot_product_fused_attention_overrideable", dropout_p)
+    out, lse = _forward(query, key, value, attn_bias, is_causal, scale)
+    # (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+    #  philox_offset, debug_attn_mask); SymInt returns come from the meta kernel.
+    return (out, lse, None, None, None, None, _zeros((), jnp.int64), _zeros((), jnp.int64), None)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+       static_floats=True)
+def sdpa_overrideable_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
+                               logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                               is_causal, philox_seed, philox_offset, *, scale=None):
+    _no_dropout("_scaled_dot_product_fused_attention_overrideable_backward", dropout_p)
+    dq, dk, dv, db = _backward(grad_out, query, key, value, attn_bias, is_causal, scale,
+                               grad_mask=bool(grad_input_mask[3]))
+    if attn_bias is None:
+        return dq, dk, dv, None
+    if db is None:
+        db = jnp.zeros(attn_bias.shape, jnp.float32)
+    return dq, dk, dv, db
+
+
+# ---------------------------------------------------------------------------
+# flash / efficient ops (direct callers; SDPA on tpu never picks them)
+# ---------------------------------------------------------------------------
+
+@lower(aten._scaled_dot_product_flash_attention.default, static_floats=True)
+def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+               *, scale=None):
+    _no_dropout("_scaled_dot_product_flash_attention", dropout_p)
+    out, lse = _forward(query, key, value, None, is_causal, scale)
+    # (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused,
+    #  debug_attn_mask)
+    return (out, lse, None, None, None, None, _zeros((2,), jnp.uint64), _zeros((), jnp.uint64),
+            _zeros((0,), query.dtype))
+
+
+@lower(aten._scaled_dot_product_flash_attention_backward.default, static_floats=True)
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                        max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
+                        scale=None):
+    _no_dropout("_scaled_dot_product_flash_attention_backward", dropout_p)
+    dq, dk, dv, _ = _backward(grad_out, query, key, value, None, is_causal, scale)
+    return dq, dk, dv
+
+
+@lower(aten._scaled_dot_product_efficient_attention.default, static_floats=True)
+def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                   is_causal=False, *, scale=None):
+    _no_dropout("_scaled_dot_product_efficient_attention", dropout_p)
+    out, lse = _forward(query, key, value, attn_bias, is_causal, scale,
+                        with_lse=compute_log_sumexp)
+    b, h, L = query.shape[0], query.shape[1], query.shape[2]
+    if compute_log_sumexp:
+        # PyTorch pads the logsumexp to a multiple of 32 rows.
+        padded = -(-L // 32) * 32
+        lse = jnp.pad(lse, ((0, 0), (0, 0), (0, padded - L)), constant_values=jnp.inf)
+    else:
+        lse = jnp.zeros((b, h, 0), jnp.float32)
+    return out, lse, _zeros((), jnp.int64), _zeros((), jnp.int64)
+
+
+@lower(aten._scaled_dot_product_efficient_attention_backward.default, static_floats=True)
+def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp,
+                            philox_seed, philox_offset, dropout_p, grad_input_mask,
+                            is_causal=False, *, scale=None):
+    # NOTE: PyTorch's meta kernel gives dk/dv the q-head count, so GQA cannot take
+    # this op (SDPA on tpu uses the overrideable op instead).
+    _no_dropout("_scaled_dot_product_efficient_attention_backward", dropout_p)
+    want_bias = bool(grad_input_mask[3]) and attn_bias is not None
+    dq, dk, dv, db = _backward(grad_out_, query, key, value, attn_bias, is_causal, scale,
+                               grad_mask=want_bias)
+    return dq, dk, dv, (db if want_bias else None)
+
+
+# ---------------------------------------------------------------------------
+# F.scaled_dot_product_attention on tpu -> the overrideable fused op
+# ---------------------------------------------------------------------------
+
+_SDPA = aten.scaled_dot_product_attention.default
+_FUSED = aten._scaled_dot_product_fused_attention_overrideable.default
+
+
+def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Can this SDPA call be expressed with the overrideable fused op (dtypes and the
+    kernel's shape limits aside: the lowering decides those)?"""
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.dim() == 4
+               for t in ts):
+        return False
+    if not (query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point):
+        return False
+    if dropout_p != 0.0:
+        return False
+    if attn_mask is not None:
+        if is_causal:
+            return False  # PyTorch raises: let the composite kernel say so
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "tpu":
+            return False
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            return False
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+            return False
+    b, hq, L, e = query.shape
+    bk, hk, S, ek = key.shape
+    bv, hv, Sv, ev = value.shape
+    if not (b == bk == bv and e == ek and S == Sv and hk == hv):
+        return False
+    if hq != hk and not (enable_gqa and hq % hk == 0):
+        return False
+    return True
+
+
+def _sdpa_autograd_tpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                       scale=None, enable_gqa=False):
+    if _pallas.active():
+        if _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            return _FUSED(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
+        COUNTERS["pallas_fallbacks"] += 1
+    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
+
+
+_LIB = torch.library.Library("aten", "IMPL")
+_LIB.impl("scaled_dot_product_attention", _sdpa_autograd_tpu, "AutogradPrivateUse1")

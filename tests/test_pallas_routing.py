@@ -1,0 +1,291 @@
+"""Routing of SDPA and mm/addmm/bmm to the Pallas kernels (interpret mode on CPU).
+
+Counters count routing decisions made while tracing ("calls traced", see
+``lazyrt._pallas``): > 0 means a kernel is in the compiled code.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazyrt
+from lazyrt import _pallas, metrics
+
+from _util import assert_close
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture
+def pallas():
+    """``pallas(policy)``: set the policy for the test, reset counters; restored after."""
+    prev = lazyrt.config.pallas
+
+    def set_(p):
+        _pallas.set_policy(p)
+        metrics.reset()
+
+    yield set_
+    _pallas.set_policy(prev)
+
+
+def _counts():
+    c = metrics.counters()
+    return c["pallas_attention_calls"], c["pallas_matmul_calls"], c["pallas_fallbacks"]
+
+
+def _run(mode, fn):
+    if mode == "defer":
+        with lazyrt.set_mode("defer"):
+            out = fn()
+            out = [t.cpu() if isinstance(t, torch.Tensor) else t for t in out]
+        return out
+    return [t.cpu() if isinstance(t, torch.Tensor) else t for t in fn()]
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+def _sdpa_case(name, gen):
+    b, hq, L, S, e = 2, 4, 8, 11, 16
+    hkv = 2 if "gqa" in name else hq
+    if "causal" in name:
+        S = L
+    q = torch.randn(b, hq, L, e, generator=gen)
+    k = torch.randn(b, hkv, S, e, generator=gen)
+    v = torch.randn(b, hkv, S, e, generator=gen)
+    kw = {}
+    if "causal" in name:
+        kw["is_causal"] = True
+    if "bool" in name:
+        m = torch.rand(L, S, generator=gen) > 0.3
+        m[3] = False  # a fully masked row: zeros, no NaN
+        kw["attn_mask"] = m
+    if "float" in name:
+        kw["attn_mask"] = torch.randn(b, 1, L, S, generator=gen)
+    if "gqa" in name:
+        kw["enable_gqa"] = True
+    if "scale" in name:
+        kw["scale"] = 0.3
+    return q, k, v, kw
+
+
+def _sdpa_fwd_bwd(q, k, v, kw, device):
+    q, k, v = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+    kw = {n: (a.to(device) if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    out = F.scaled_dot_product_attention(q, k, v, **kw)
+    (out * out).sum().backward()
+    return out, q.grad, k.grad, v.grad
+
+
+CASES = ["plain", "causal", "bool", "float", "gqa_causal", "gqa_bool", "scale_float"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sdpa_on_matches_cpu_and_uses_kernel(mode, pallas, case):
+    gen = torch.Generator().manual_seed(hash(case) % 1000)
+    q, k, v, kw = _sdpa_case(case, gen)
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    pallas("on")
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+    att, _, fb = _counts()
+    assert att > 0 and fb == 0
+
+
+@pytest.mark.parametrize("policy", ["off", "auto"])
+def test_sdpa_off_and_auto_on_cpu_use_no_kernel(mode, pallas, policy):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, kw = _sdpa_case("gqa_causal", gen)
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    pallas(policy)
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+    assert _counts() == (0, 0, 0)
+
+
+def test_sdpa_unsupported_shape_falls_back(mode, pallas):
+    # head_dim 272 > the kernel's 256: the fused op's lowering takes the jnp path.
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 5, 272, generator=gen) for _ in range(3))
+    kw = {"is_causal": True}
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    pallas("on")
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    # (row 0 of a causal dq is exactly 0; CPU's is rounding noise of ~1e-5 at d=272)
+    assert_close(got, [t.detach() for t in expected], RTOL, 1e-4)
+    att, _, fb = _counts()
+    assert att == 0 and fb > 0
+
+
+def test_sdpa_dropout_and_3d_take_math_path(pallas):
+    pallas("on")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 6, 16, generator=gen) for _ in range(3))  # 3-D
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), is_causal=True)
+    assert_close(got, expected, RTOL, ATOL)
+    assert _counts()[0] == 0 and _counts()[2] == 1
+
+
+def test_sdpa_errors_still_raise(pallas):
+    pallas("on")
+    q = torch.randn(1, 4, 8, 16, device="tpu")
+    k = torch.randn(1, 2, 8, 16, device="tpu")
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, k)  # GQA shapes without enable_gqa
+
+
+def test_flash_and_efficient_ops_direct(pallas):
+    """The flash/efficient ATen ops, called directly on tpu, run the kernel too."""
+    pallas("on")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=gen) for _ in range(3))
+    aten = torch.ops.aten
+    exp = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = aten._scaled_dot_product_flash_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), 0.0, True)
+    assert_close(out[0], exp, RTOL, ATOL)
+    lse = torch.logsumexp((q @ k.transpose(-1, -2) / 4).masked_fill(
+        torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf")), -1)
+    assert_close(out[1], lse, RTOL, ATOL)
+    out = aten._scaled_dot_product_efficient_attention(
+        q.to("tpu"), k.to("tpu"), v.to("tpu"), None, False, 0.0, True)
+    assert_close(out[0], exp, RTOL, ATOL)
+    assert _counts()[0] > 0
+
+
+# ---------------------------------------------------------------------------
+# matmul
+# ---------------------------------------------------------------------------
+
+def _mm_ops(a, b, bias, bb1, bb2):
+    return [torch.mm(a, b), torch.addmm(bias, a, b), torch.bmm(bb1, bb2)]
+
+
+def _mm_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(13, 37, generator=g), torch.randn(37, 20, generator=g),
+            torch.randn(20, generator=g), torch.randn(3, 9, 17, generator=g),
+            torch.randn(3, 17, 5, generator=g))
+
+
+def test_matmul_on_routes_and_matches(mode, pallas):
+    ins = _mm_inputs()
+    expected = _mm_ops(*ins)
+    pallas("on")
+    got = _run(mode, lambda: _mm_ops(*[t.to("tpu") for t in ins]))
+    assert_close(got, expected, RTOL, ATOL)
+    _, mm, fb = _counts()
+    assert mm >= 3 and fb == 0
+
+
+@pytest.mark.parametrize("policy", ["off", "auto"])
+def test_matmul_off_and_auto_on_cpu(mode, pallas, policy):
+    ins = _mm_inputs(1)
+    expected = _mm_ops(*ins)
+    pallas(policy)
+    got = _run(mode, lambda: _mm_ops(*[t.to("tpu") for t in ins]))
+    assert_close(got, expected, RTOL, ATOL)
+    assert _counts() == (0, 0, 0)
+
+
+def test_policy_change_retraces(pallas):
+    a, b = torch.randn(6, 7), torch.randn(7, 5)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    pallas("on")
+    torch.mm(ta, tb).cpu()
+    assert _counts()[1] > 0
+    pallas("off")
+    torch.mm(ta, tb).cpu()
+    assert _counts()[1] == 0
+    pallas("on")  # the cached plan of the "off" run must not be reused
+    assert_close(torch.mm(ta, tb), a @ b, RTOL, ATOL)
+    assert _counts()[1] > 0
+
+
+def test_matmul_unsupported_falls_back(mode, pallas):
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)
+    full_bias = torch.randn(4, 3, generator=g)
+    ad, bd = a.double(), b.double()
+
+    def ops(a, b, full_bias, ad, bd):
+        return [torch.addmm(full_bias, a, b),  # bias [M, N]: not the kernel's epilogue
+                torch.mm(ad, bd)]  # float64
+
+    expected = ops(a, b, full_bias, ad, bd)
+    pallas("on")
+    got = _run(mode, lambda: ops(*[t.to("tpu") for t in (a, b, full_bias, ad, bd)]))
+    assert_close(got, expected, RTOL, ATOL)
+    _, mm, fb = _counts()
+    assert mm == 0 and fb >= 2
+
+
+# ---------------------------------------------------------------------------
+# end to end
+# ---------------------------------------------------------------------------
+
+class _Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab=31, d=32, h=4, n=2, t=12):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(t, d) * 0.02)
+        self.blocks = nn.ModuleList(_Block(d, h) for _ in range(n))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x)
+
+
+def _train(policy, mode, steps=3):
+    _pallas.set_policy(policy)
+    torch.manual_seed(0)
+    model = _GPT()
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randint(0, 31, (2, 12), generator=g), torch.randint(0, 31, (2, 12), generator=g))
+               for _ in range(steps)]
+    model = model.to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    with lazyrt.set_mode(mode):
+        for idx, tgt in batches:
+            idx, tgt = idx.to("tpu"), tgt.to("tpu")
+            loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        losses = [l.cpu() for l in losses]
+        params = [p.detach().cpu() for p in model.parameters()]
+    return losses, params
+
+
+def test_transformer_trains_same_with_and_without_kernels(mode, pallas):
+    pallas("on")
+    on = _train("on", mode)
+    att, mm, _ = _counts()
+    assert att > 0 and mm > 0
+    off = _train("off", mode)
+    assert_close(on, off, rtol=1e-4, atol=1e-5)
