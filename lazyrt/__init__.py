@@ -30,6 +30,19 @@ __all__ = [
 _dispatch._late_specials()
 
 
+def _enable_persistent_cache(path: str) -> None:
+    """Compiled executables persist across processes in JAX's compilation cache."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+if config.cache_dir:
+    _enable_persistent_cache(config.cache_dir)
+
+
 def set_cpu_fallback(enabled: bool = True) -> None:
     """Run ops with no tpu lowering on the CPU (warning once per op) instead of raising."""
     config.cpu_fallback = bool(enabled)

@@ -269,3 +269,18 @@ def test_strict_and_defer_agree_on_a_model():
     torch.testing.assert_close(outs["strict"][0], outs["defer"][0])
     torch.testing.assert_close(outs["strict"][1], outs["defer"][1])
     gc.collect()
+
+
+def test_persistent_cache_dir(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = ("import torch, lazyrt; lazyrt.set_mode('defer'); x = torch.ones(64, device='tpu');"
+              "print((x.sin() * 3).sum().item())")
+    env = dict(os.environ, LAZYRT_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.split()[-1]) == pytest.approx(64 * 3 * 0.8414709848, rel=1e-5)
+    assert any(tmp_path.iterdir())  # executables were written to the cache directory
