@@ -29,6 +29,10 @@ __all__ = [
 
 _dispatch._late_specials()
 
+from . import _autocast  # noqa: E402
+
+_autocast.register()
+
 
 def _enable_persistent_cache(path: str) -> None:
     """Compiled executables persist across processes in JAX's compilation cache."""

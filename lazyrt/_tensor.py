@@ -97,8 +97,10 @@ class TpuTensor(torch.Tensor):
         return new
 
     def __reduce_ex__(self, proto):
-        # Pickling a tpu tensor (torch.save) stores its CPU value and device.
-        return (_rebuild_from_cpu, (self.detach().cpu(), self.requires_grad))
+        # torch.save: PyTorch's own rebuild for storage-less device tensors (as XLA's),
+        # allowed by torch.load(weights_only=True): a CPU copy plus the device.
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
     @property
     def data(self):
@@ -116,12 +118,6 @@ class TpuTensor(torch.Tensor):
         self._chain = other._chain
         self._cache = other._cache
         self._cver = other._cver
-
-
-def _rebuild_from_cpu(t, requires_grad):
-    out = t.to(DEVICE)
-    out.requires_grad_(requires_grad)
-    return out
 
 
 def _dispatch(func, args, kwargs):  # replaced by lazyrt._dispatch at import

@@ -387,3 +387,37 @@ def test_coverage_report():
     assert lazyrt.coverage("aten.add_.Tensor") == "derived"
     assert lazyrt.coverage("aten.addmm.default") == "lowered"
     assert lazyrt.coverage(torch.ops.lazyrt_test.mystery.default) == "missing"
+
+
+def test_autocast_bf16(mode):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 4)
+    x = torch.randn(5, 8)
+    mt = torch.nn.Linear(8, 4).to("tpu")
+    mt.load_state_dict(m.state_dict())
+    with torch.autocast(device_type="tpu", dtype=torch.bfloat16):
+        y = mt(x.to("tpu"))
+        p = torch.softmax(y, -1)
+        s = y + 1
+    assert y.dtype == torch.bfloat16 and s.dtype == torch.bfloat16
+    assert p.dtype == torch.float32  # CUDA's policy: softmax runs in fp32
+    ref = (x.bfloat16() @ m.weight.bfloat16().t() + m.bias.bfloat16()).float()
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert mt.weight.grad.dtype == torch.float32
+
+
+def test_save_and_load_state_dict(tmp_path):
+    m = torch.nn.Linear(3, 2).to("tpu")
+    path = tmp_path / "m.pt"
+    torch.save(m.state_dict(), path)
+    sd = torch.load(path)  # weights_only=True, PyTorch's default
+    assert sd["weight"].device.type == "tpu"
+    assert torch.equal(sd["weight"].cpu(), m.weight.detach().cpu())
+    cpu = torch.load(path, map_location="cpu")
+    assert cpu["bias"].device.type == "cpu"
+    import copy
+
+    m2 = copy.deepcopy(m)
+    assert isinstance(m2.weight, torch.nn.Parameter) and m2.weight.device.type == "tpu"
+    assert torch.equal(m2.weight.detach().cpu(), m.weight.detach().cpu())
