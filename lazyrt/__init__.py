@@ -24,7 +24,7 @@ from ._tensor import TpuTensor
 __version__ = "0.1.0"
 __all__ = [
     "set_mode", "get_mode", "sync", "graph", "hlo", "metrics", "memory", "coverage",
-    "set_cpu_fallback", "EagerMode", "set_eager_mode", "config", "TpuTensor",
+    "set_cpu_fallback", "set_pallas", "EagerMode", "set_eager_mode", "config", "TpuTensor",
 ]
 
 _dispatch._late_specials()
@@ -45,6 +45,14 @@ def _enable_persistent_cache(path: str) -> None:
 
 if config.cache_dir:
     _enable_persistent_cache(config.cache_dir)
+
+
+def set_pallas(policy: str) -> str:
+    """Set the Pallas policy ('auto', 'on', 'off'; as ``LAZYRT_PALLAS``) and drop the
+    compiled forms of the routed ops so it takes effect at once. Returns the old one."""
+    from . import _pallas
+
+    return _pallas.set_policy(policy)
 
 
 def set_cpu_fallback(enabled: bool = True) -> None:

@@ -322,6 +322,13 @@ def _functional_of(op: OpOverload):
     return None
 
 
+def _is_view_op(op: OpOverload) -> bool:
+    s = op._schema
+    return (len(s.returns) > 0 and s.returns[0].alias_info is not None
+            and not s.returns[0].alias_info.is_write
+            and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments))
+
+
 def _has_composite_implicit(op: OpOverload) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
@@ -358,6 +365,10 @@ def resolve(op: OpOverload) -> OpEntry:
             e.handler = _h_missing
         if special is not None:
             e.handler = special
+        elif e.mut and f is not None and _is_view_op(f):
+            # squeeze_, unsqueeze_, transpose_, t_, as_strided_, swapdims_: metadata-only
+            e.functional = f
+            e.handler = _h_inplace_view
         _ENTRIES[op] = e
         return e
 
@@ -497,14 +508,27 @@ def _cpu_input(e, t: torch.Tensor, vals):
     return ("cpu", tuple(t.shape), t.dtype)
 
 
+class _ViewSlot:
+    """Template: a tensor input that is a view, folded into the consuming op."""
+
+    __slots__ = ("chain",)
+
+    def __init__(self, chain):
+        self.chain = chain
+
+
 def _walk(e, a, vals, scal, dyn):
     tp = type(a)
     if tp is TpuTensor:
-        if a._chain is None:
-            vals.append(a._st.value)
-        else:
-            vals.append(value(a))
-        return a._spec
+        vals.append(a._st.value)
+        ch = a._chain
+        if ch is None:
+            return a._spec
+        # NOTE: a view input is folded into the op: the op gets the base value and
+        # applies the view steps itself (XLA fuses them: a transpose feeding a dot costs
+        # nothing), so views are never materialized on their own. The plan is keyed by
+        # the view chain.
+        return (a._spec, ch)
     if tp is float:
         if dyn:
             scal.append(a)
@@ -523,15 +547,17 @@ def _walk(e, a, vals, scal, dyn):
     return a
 
 
-def _template(a, dyn):
+def _template(a, dyn, fold=True):
     if isinstance(a, torch.Tensor):
+        if fold and type(a) is TpuTensor and a._chain is not None:
+            return _ViewSlot(a._chain)
         return _TSLOT
     if type(a) is float and dyn:
         return _FSLOT
     if type(a) is list:
-        return [_template(x, dyn) for x in a]
+        return [_template(x, dyn, fold) for x in a]
     if type(a) is tuple:
-        return tuple(_template(x, dyn) for x in a)
+        return tuple(_template(x, dyn, fold) for x in a)
     if isinstance(a, torch.Generator):
         return None
     return a
@@ -542,6 +568,8 @@ def _rebuild(tpl, it_arr, it_sc):
         return next(it_arr)
     if tpl is _FSLOT:
         return next(it_sc)
+    if type(tpl) is _ViewSlot:
+        return _apply_chain(tpl.chain, next(it_arr))
     if type(tpl) is list:
         return [_rebuild(x, it_arr, it_sc) for x in tpl]
     if type(tpl) is tuple:
@@ -603,14 +631,14 @@ class _NoMeta(Exception):
     pass
 
 
-def _make_plan(e: OpEntry, key, args, kwargs, vals, scal) -> Plan:
+def _make_plan(e: OpEntry, key, args, kwargs, vals, scal, fold=True) -> Plan:
     dyn = not e.static_floats
     plan = Plan()
     plan.entry = e
     plan.name = e.name
     plan.random = e.random
-    tpl_args = _template(list(args), dyn)
-    tpl_kwargs = {k: _template(v, dyn) for k, v in kwargs.items()}
+    tpl_args = _template(list(args), dyn, fold)
+    tpl_kwargs = {k: _template(v, dyn, fold) for k, v in kwargs.items()}
     if e.random:
         tpl_kwargs["generator"] = _GSLOT
     n_arr = len(vals)
@@ -837,27 +865,56 @@ def _h_functional(e, args, kwargs):
 
 
 def _h_view(e, args, kwargs):
-    plan, vals, scal = _plan_for(e, args, kwargs)
+    """A view op: no computation at all. The new tensor shares the base's storage and
+    records one more view step; its value is derived only when something reads it."""
     base = args[0]
-    if not isinstance(base, TpuTensor) or len(vals) != 1:
+    if type(base) is not TpuTensor:
         return _h_functional(e, args, kwargs)
-    outs = run(plan.prog, vals, scal)
+    if base._chain is not None and e.packet == "as_strided":
+        # NOTE: as_strided's offset and strides address the base's storage, not the view.
+        root_shape = tuple(base._st.value.shape)
+        root = TpuTensor((root_shape, contiguous_strides(root_shape), base.dtype, 0), base._st)
+        return _h_view(e, (root,) + tuple(args[1:]), kwargs)
+    vals: list = []
+    scal: list = []
+    rest = tuple([_walk(e, a, vals, scal, True) for a in args[1:]])
+    kw = tuple([(k, _walk(e, v, vals, scal, True)) for k, v in kwargs.items()]) if kwargs else ()
+    if vals or scal:  # another tensor or a float argument: not a pure view of args[0]
+        return _h_functional(e, args, kwargs)
+    key = ("view", base._spec, rest, kw)
+    plan = e.plans.get(key)
+    if plan is None:
+        plan = _make_plan(e, key, args, kwargs, [value(base)], [], fold=False)
+        e.plans[key] = plan
     st = base._st
     prefix = base._chain or ()
-    ver = st.version
     res = []
     i = 0
     for s, k in zip(plan.out_specs, plan.fresh_kinds):
         if k == "TL":
             lst = []
             for sp in s:
-                lst.append(TpuTensor(sp, st, prefix + ((plan, i),), outs[i], ver))
+                lst.append(TpuTensor(sp, st, prefix + ((plan, i),)))
                 i += 1
             res.append(lst)
         else:
-            res.append(TpuTensor(s, st, prefix + ((plan, i),), outs[i], ver))
+            res.append(TpuTensor(s, st, prefix + ((plan, i),)))
             i += 1
     return res[0] if e.n_returns == 1 else tuple(res)
+
+
+def _h_inplace_view(e, args, kwargs):
+    """``t.squeeze_()`` and friends: ``t`` becomes the view the out-of-place op returns
+    (same storage, new shape/strides), set on the very same Python object."""
+    self = args[0]
+    v = e.functional(*args, **kwargs)
+    torch._C.TensorBase.data.__set__(self, v)
+    self._spec = v._spec
+    self._st = v._st
+    self._chain = v._chain
+    self._cache = v._cache
+    self._cver = v._cver
+    return self
 
 
 def _mut_args(e, args, kwargs):

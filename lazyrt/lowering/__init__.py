@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     pooling,
     random_ops,
     reductions,
+    rnn,
     special,
     views,
 )

@@ -722,3 +722,113 @@ def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners
 @lower(aten.grid_sampler_3d.default)
 def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
     return _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+# ---- nearest upsampling backward, embedding_bag backward -------------------------------------
+
+
+def _nearest_src(out_size, in_size, scale, exact):
+    """Source index of every output position, computed like ATen (float32 math)."""
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else \
+        np.float32(in_size) / np.float32(out_size)
+    pos = np.arange(out_size, dtype=np.float32)
+    if exact:
+        pos = pos + np.float32(0.5)
+    return np.minimum(np.floor(pos * s).astype(np.int64), in_size - 1)
+
+
+def _upsample_nearest_backward(grad_output, output_size, input_size, scales, exact):
+    nd = len(output_size)
+    g = grad_output
+    lead = g.ndim - nd
+    for d in range(nd):
+        src = _nearest_src(output_size[d], input_size[lead + d], scales[d], exact)
+        ax = lead + d
+        moved = jnp.moveaxis(g, ax, 0)
+        summed = jax.ops.segment_sum(moved, jnp.asarray(src), num_segments=input_size[ax],
+                                     indices_are_sorted=True)
+        g = jnp.moveaxis(summed, 0, ax)
+    return g
+
+
+def _register_upsample_nearest_backward(nd):
+    for name, exact in ((f"upsample_nearest{nd}d_backward", False),
+                        (f"_upsample_nearest_exact{nd}d_backward", True)):
+        op = getattr(aten, name).default
+
+        def fn(grad_output, output_size, input_size, *scales, _exact=exact, _nd=nd, **kw):
+            sc = list(scales) + [kw.get(k) for k in ("scales", "scales_d", "scales_h", "scales_w")
+                                 if k in kw]
+            sc = (sc + [None] * _nd)[:_nd]
+            return _upsample_nearest_backward(grad_output, output_size, input_size, sc, _exact)
+
+        lower(op, static_floats=True)(fn)
+
+
+for _nd in (1, 2, 3):
+    _register_upsample_nearest_backward(_nd)
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                           padding_idx=-1):
+    return _embedding_bag_dense_grad(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                                     num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                                     padding_idx)
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    return _embedding_bag_dense_grad(grad, indices, None, offset2bag, bag_size, maximum_indices,
+                                     num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                                     padding_idx)
+
+
+def _embedding_bag_dense_grad(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                              num_weights, scale_grad_by_freq, mode, per_sample_weights,
+                              padding_idx):
+    """Dense gradient of ``weight`` for the ``_embedding_bag`` lowering above (its
+    ``offset2bag`` is the bag of every index, ``bag_size`` the per-bag count)."""
+    idx = indices.reshape(-1).astype(jnp.int64)
+    n = idx.shape[0]
+    nb, dim = grad.shape
+    out = jnp.zeros((num_weights, dim), grad.dtype)
+    if mode == 2:  # max: each (bag, feature) routes its gradient to the argmax row
+        mi = maximum_indices.astype(jnp.int64)
+        valid = bag_size[:nb, None] > 0
+        cols = jnp.broadcast_to(jnp.arange(dim), mi.shape)
+        return out.at[jnp.clip(mi, 0, num_weights - 1), cols].add(jnp.where(valid, grad, 0))
+    seg = offset2bag.reshape(-1).astype(jnp.int64)
+    keep = jnp.ones((n,), jnp.bool_)
+    if offsets is not None and offsets.shape[0] == nb + 1:  # include_last_offset
+        keep = jnp.arange(n) < offsets.reshape(-1)[nb]
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (idx != padding_idx)
+    rows = grad[jnp.clip(seg, 0, max(nb - 1, 0))]
+    if per_sample_weights is not None and mode == 0:
+        rows = rows * per_sample_weights.reshape(-1, 1).astype(rows.dtype)
+    if mode == 1:
+        rows = rows / jnp.maximum(bag_size[:nb][jnp.clip(seg, 0, max(nb - 1, 0))], 1)[:, None] \
+            .astype(rows.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), rows.dtype).at[idx].add(keep.astype(rows.dtype))
+        rows = rows / jnp.maximum(counts[idx], 1)[:, None]
+    return out.at[idx].add(jnp.where(keep[:, None], rows, 0))
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    idx = indices.reshape(-1).astype(jnp.int64)
+    n = idx.shape[0]
+    nb = grad.shape[0]
+    seg = jnp.clip(offset2bag.reshape(-1).astype(jnp.int64), 0, max(nb - 1, 0))
+    keep = jnp.ones((n,), jnp.bool_)
+    if offsets.shape[0] == nb + 1:  # include_last_offset
+        keep = jnp.arange(n) < offsets.reshape(-1)[nb]
+    if padding_idx is not None and padding_idx >= 0:
+        keep = keep & (idx != padding_idx)
+    w = jnp.take(weight, jnp.clip(idx, 0, weight.shape[0] - 1), axis=0)
+    return jnp.where(keep, jnp.sum(opmath(grad[seg]) * opmath(w), axis=-1), 0).astype(grad.dtype)

@@ -451,6 +451,23 @@ def polar(abs, angle):
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 
 
+@lower(aten.frexp.Tensor)
+def frexp(self):
+    m, e = jnp.frexp(self)
+    finite = jnp.isfinite(self)
+    return jnp.where(finite, m, self), jnp.where(finite, e, 0).astype(jnp.int32)
+
+
+@lower(aten.igamma.default)
+def igamma(self, other):
+    return jss.gammainc(_float_of(self), _float_of(other))
+
+
+@lower(aten.igammac.default)
+def igammac(self, other):
+    return jss.gammaincc(_float_of(self), _float_of(other))
+
+
 # ---- activations ---------------------------------------------------------------------------
 
 

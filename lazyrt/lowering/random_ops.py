@@ -173,3 +173,18 @@ def native_dropout(input, p, train, *, generator):
 @lower(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return grad_output * mask * scale
+
+
+@lower(aten.rrelu_with_noise.default)
+def rrelu_with_noise(self, noise, lower_=0.125, upper=1.0 / 3.0, training=False, generator=None, **kw):
+    lower_ = kw.get("lower", lower_)
+    upper = kw.get("upper", upper)
+    training = kw.get("training", training)
+    generator = kw.get("generator", generator)
+    x = self
+    if not training:
+        return jnp.where(x >= 0, x, x * ((lower_ + upper) / 2)), noise
+    r = jax.random.uniform(generator, x.shape, jnp.float32, 0.0, 1.0)
+    r = (lower_ + (upper - lower_) * r).astype(x.dtype)
+    neg = x <= 0
+    return jnp.where(neg, x * r, x), jnp.where(neg, r, jnp.ones_like(r)).astype(noise.dtype)

@@ -521,8 +521,8 @@ def _outer_edges(x, rng, dt):
         hi = jnp.asarray([rng[2 * k + 1] for k in range(D)], dt)
     elif x.shape[0] > 0:
         lo, hi = jnp.min(x, axis=0), jnp.max(x, axis=0)
-    else:
-        lo = hi = jnp.zeros((D,), dt)
+    else:  # ATen: an empty input without a range bins [0, 1]
+        return jnp.zeros((D,), dt), jnp.ones((D,), dt)
     same = lo == hi
     return jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
 
@@ -576,3 +576,16 @@ def histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=Fal
 def histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
     x = self.reshape(-1, self.shape[-1])
     return _histdd(x, [b.astype(x.dtype) for b in bins], "binary", weight, density)
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: unsupported mode {mode}")
+    # mode 0: XOR of the elements' float64 bit patterns.
+    bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
+    ax = dims(dim, self.ndim)
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, ax)
+    if keepdim:
+        out = jnp.expand_dims(out, ax)
+    return out
