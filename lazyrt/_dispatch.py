@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 from torch._ops import OpOverload
 
 from . import _defer, _dtypes, _rng, _source, _strict, _tensor, memory
@@ -189,6 +190,16 @@ def _inverse(plan, i, base, new):
         return new.astype(base.dtype)
     if name in _RESHAPE_VIEWS:
         return new.reshape(base.shape).astype(base.dtype)
+    if name == "real":
+        return lax.complex(new.astype(jnp.real(base).dtype), jnp.imag(base))
+    if name == "imag":
+        return lax.complex(jnp.real(base), new.astype(jnp.imag(base).dtype))
+    if name == "view_as_real":
+        return lax.complex(new[..., 0], new[..., 1]).astype(base.dtype)
+    if name == "_conj":
+        return jnp.conj(new).astype(base.dtype)
+    if name == "_neg_view":
+        return (-new).astype(base.dtype)
     # NOTE: generic inverse of any index-rearranging view: push an iota of the base
     # through the view to learn which base element each view element is, then scatter.
     idx_dtype = jnp.int64 if base.size >= 2**31 else jnp.int32
@@ -1168,6 +1179,13 @@ def _h_equal(e, args, kwargs):
     return bool(aten.eq.Tensor(a, b).all().item())
 
 
+def _h_allclose(e, args, kwargs):
+    a, b = args[0], args[1]
+    rest = dict(zip(("rtol", "atol", "equal_nan"), args[2:]))
+    rest.update(kwargs)
+    return bool(aten.isclose.default(a, b, **rest).all().item())
+
+
 def _h_is_nonzero(e, args, kwargs):
     t = args[0]
     n = t.numel()
@@ -1247,6 +1265,7 @@ def _install_specials():
         aten.copy_.default: _h_copy_,
         aten._local_scalar_dense.default: _h_local_scalar_dense,
         aten.equal.default: _h_equal,
+        aten.allclose.default: _h_allclose,
         aten.is_nonzero.default: _h_is_nonzero,
         aten.is_pinned.default: _h_noop_pin,
         aten.resize_.default: _h_resize,

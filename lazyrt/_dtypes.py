@@ -43,11 +43,11 @@ def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     """Host numpy array (possibly bfloat16/float8) to a CPU torch tensor (copying)."""
     dt = a.dtype
     if dt == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(np.array(a, copy=True).view(np.uint16).copy()).view(torch.bfloat16)
     if dt == ml_dtypes.float8_e4m3fn:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(torch.float8_e4m3fn)
+        return torch.from_numpy(np.array(a, copy=True).view(np.uint8).copy()).view(torch.float8_e4m3fn)
     if dt == ml_dtypes.float8_e5m2:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()).view(torch.float8_e5m2)
+        return torch.from_numpy(np.array(a, copy=True).view(np.uint8).copy()).view(torch.float8_e5m2)
     return torch.from_numpy(np.array(a, copy=True))
 
 

@@ -682,7 +682,7 @@ def _dlrm_batch():
 
 def _run(model, inputs, targets, loss_fn, steps):
     """Step 0 output and grads; then ``steps`` AdamW steps: losses, final state."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-6, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-5, weight_decay=0.01)
     losses, first_out, first_grads = [], None, None
     for i in range(steps):
         opt.zero_grad()

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 
 from ._registry import aten, lower
-from ._util import jdt
 
 
 def _rlower(*ops, **kw):

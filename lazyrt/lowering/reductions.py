@@ -329,7 +329,7 @@ def vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(jnp.float32)
     ax = dims(dim, self.ndim)
-    red = dict(axis=ax, keepdims=keepdim)
+    red = {"axis": ax, "keepdims": keepdim}
     if isinstance(ord, (int, bool)):  # a static ord: one reduction
         if ord == 0:
             return jnp.sum((x != 0).astype(x.dtype), **red)

@@ -318,7 +318,7 @@ def airy_ai(x):
         n2 = n2 / k2
         g2 = g + n2
         t2 = jnp.abs(m2 / f2)
-        w = lambda new, old: jnp.where(active, new, old)  # noqa: E731
+        w = lambda new, old: jnp.where(active, new, old)
         return (w(f2, f), w(g2, g), w(k2, k), w(m2, m), w(n2, n), w(t2, t), jnp.any(active & (t2 > eps)))
 
     one = jnp.ones_like(xs)

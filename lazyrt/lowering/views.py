@@ -205,10 +205,15 @@ def imag(self):
     return jnp.imag(self)
 
 
-@lower(aten._conj.default, aten._neg_view.default)
-def _conj_view(self):
-    # NOTE: lazy conj/neg bits do not exist here; these return materialized values.
-    return self
+@lower(aten._conj.default)
+def _conj(self):
+    # NOTE: PyTorch's lazy conjugate bit does not exist here: the view holds the value.
+    return jnp.conj(self)
+
+
+@lower(aten._neg_view.default)
+def _neg_view(self):
+    return -self
 
 
 # ---- shape ops that copy ---------------------------------------------------------------------
