@@ -237,6 +237,8 @@ def bucketize(self, boundaries, *, out_int32=False, right=False):
 @lower(aten.nonzero.default, data_dependent=True)
 def nonzero(self):
     a = np.asarray(self)
+    if a.ndim == 0:  # PyTorch: shape (1, 0) if the scalar is nonzero, else (0, 0)
+        return jnp.zeros((int(a != 0), 0), jnp.int64)
     return jnp.asarray(np.stack(np.nonzero(a), axis=-1).astype(np.int64).reshape(-1, a.ndim))
 
 
