@@ -176,7 +176,7 @@ FACTORIES = [
     "empty.memory_format", "empty_strided", "zeros", "ones", "full", "scalar_tensor",
     "arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye", "eye.m",
     "rand", "randn", "randint", "randint.low", "randperm", "tril_indices", "triu_indices",
-    "empty.names", "zeros.names", "ones.names", "full.names", "rand.names", "randn.names",
+    "_efficientzerotensor", "empty.names", "zeros.names", "ones.names", "full.names", "rand.names", "randn.names",
 ]
 
 

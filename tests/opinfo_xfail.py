@@ -27,7 +27,6 @@ XFAIL = {
     # semantics that differ by design
     "_native_batch_norm_legit": "eval mode: CPU returns empty save_mean/save_invstd, PyTorch's meta kernel [C]; lazyrt follows meta",
     "native_batch_norm": "eval mode: CPU returns empty save_mean/save_invstd, PyTorch's meta kernel [C]; lazyrt follows meta",
-    "nn.functional.scaled_dot_product_attention": "a sample uses dropout_p=0.5: the tpu RNG stream differs from CPU's",
     "svd_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
     "pca_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
     "linalg.eigh": "eigenvector signs differ between JAX's and PyTorch's LAPACK calls (eigenvalues match)",
@@ -43,6 +42,9 @@ XFAIL_GRAD = {
     "linalg.solve_ex": "gradient differs for a singular-ish sample (info != 0 path)",
     "nn.functional.ctc_loss": "no lowering: aten._ctc_loss_backward",
     "nn.functional.interpolate.bicubic": "no lowering: aten.upsample_bicubic2d_backward",
+    "nn.functional.interpolate.bilinear": "no lowering: aten.upsample_bilinear2d_backward",
+    "_segment_reduce.lengths": "no lowering: aten._segment_reduce_backward",
+    "linalg.tensorsolve": "gradient differs (solve_ex backward on this sample)",
     "nn.functional.multilabel_margin_loss": "no lowering: aten.multilabel_margin_loss_backward",
     "nn.functional.pad.replicate": "no lowering: aten.replication_pad1d_backward",
     "nn.functional.pdist": "no lowering: aten._pdist_backward",
@@ -51,3 +53,8 @@ XFAIL_GRAD = {
 }
 
 XFAIL_DTYPE: dict = {}
+
+# Only with more samples than CI's default 2 (LAZYRT_OPINFO_SAMPLES=0 or > 2).
+XFAIL_ALL_SAMPLES = {
+    "nn.functional.scaled_dot_product_attention": "a sample uses dropout_p=0.5: the tpu RNG stream differs from CPU's",
+}

@@ -220,7 +220,7 @@ class BertLayer(nn.Module):
 
 
 class Bert(nn.Module):
-    def __init__(self, vocab=64, d=32, h=4, n=2, t=8, types=2, classes=3):
+    def __init__(self, vocab=64, d=32, h=4, n=1, t=8, types=2, classes=3):
         super().__init__()
         self.word = nn.Embedding(vocab, d, padding_idx=0)
         self.position = nn.Embedding(t, d)
@@ -323,7 +323,7 @@ class T5FF(nn.Module):
 
 
 class T5(nn.Module):
-    def __init__(self, vocab=64, d=32, h=4, n=2):
+    def __init__(self, vocab=64, d=32, h=4, n=1):
         super().__init__()
         self.shared = nn.Embedding(vocab, d)
         self.enc_norms = nn.ModuleList(RMSNorm(d) for _ in range(n))
@@ -389,7 +389,7 @@ class ViTBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, img=16, patch=4, d=32, h=4, n=2, classes=10):
+    def __init__(self, img=16, patch=4, d=32, h=4, n=1, classes=10):
         super().__init__()
         self.patch_embed = nn.Conv2d(3, d, patch, stride=patch)
         self.cls_token = nn.Parameter(0.02 * torch.randn(1, 1, d))
@@ -587,7 +587,7 @@ class GRUModel(nn.Module):
 
 def _seq_batch():
     g = _gen(14)
-    return torch.randint(0, 32, (3, 7), generator=g), torch.randint(0, 5, (3, 7), generator=g)
+    return torch.randint(0, 32, (3, 5), generator=g), torch.randint(0, 5, (3, 5), generator=g)
 
 
 # ----------------------------------------------------------------------------------
@@ -607,7 +607,7 @@ class Expert(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, d=16, hidden=32, experts=4, k=2, classes=6):
+    def __init__(self, d=16, hidden=32, experts=3, k=2, classes=6):
         super().__init__()
         self.k, self.e = k, experts
         self.inp = nn.Linear(d, d)

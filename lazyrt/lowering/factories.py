@@ -11,7 +11,8 @@ def _dt(dtype, default=jnp.float32):
     return jdt(dtype) if dtype is not None else default
 
 
-@lower(aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default)
+@lower(aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default,
+       aten._efficientzerotensor.default)
 def zeros(size, *args, dtype=None, **_):
     # NOTE: empty() is zeros here: deterministic, and free once fused.
     return jnp.zeros(tuple(size), _dt(dtype))
