@@ -223,6 +223,41 @@ def register() -> None:
 
     if TpuTensor not in optim_mod._foreach_supported_types:
         optim_mod._foreach_supported_types.append(TpuTensor)
+    _keep_tied_parameters()
+
+
+def _keep_tied_parameters() -> None:
+    """``model.to("tpu")`` keeps tied parameters tied (GPT-2's lm_head/embedding).
+
+    For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a parameter shared by
+    two modules stays one object. A tpu tensor is a wrapper subclass, so PyTorch makes
+    a new Parameter per module instead, silently untying them; re-tie afterwards.
+    """
+    orig = torch.nn.Module._apply
+    depth = [0]
+
+    def _apply(self, fn, recurse=True):
+        if depth[0]:
+            return orig(self, fn, recurse)
+        owners: dict = {}
+        for mod in self.modules():
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, name))
+        depth[0] += 1
+        try:
+            out = orig(self, fn, recurse)
+        finally:
+            depth[0] -= 1
+        for group in owners.values():
+            if len(group) > 1:
+                first_mod, first_name = group[0]
+                keep = first_mod._parameters[first_name]
+                for mod, name in group[1:]:
+                    mod._parameters[name] = keep
+        return out
+
+    torch.nn.Module._apply = _apply
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:

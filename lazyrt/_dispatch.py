@@ -899,6 +899,9 @@ def _h_view(e, args, kwargs):
         e.plans[key] = plan
     st = base._st
     prefix = base._chain or ()
+    if e.packet in _IDENTITY_VIEWS:
+        # detach/alias: the same storage at the same chain, no extra step to derive.
+        return TpuTensor(plan.out_specs[0], st, base._chain, base._cache, base._cver)
     res = []
     i = 0
     for s, k in zip(plan.out_specs, plan.fresh_kinds):

@@ -741,10 +741,8 @@ def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e
     torch.manual_seed(0)
     ref_model = model_fn()
     tpu_model = copy.deepcopy(ref_model).to("tpu")
-    if hasattr(tpu_model, "tie_weights"):
-        # Module.to("tpu") unties shared parameters (see test_to_tpu_keeps_tied_parameters);
-        # re-tie as Hugging Face's ``tie_weights()`` does after a device move.
-        tpu_model.tie_weights()
+    # NOTE: no re-tying: Module.to("tpu") keeps tied parameters tied
+    # (test_to_tpu_keeps_tied_parameters).
     batch = batch_fn()
     inputs, targets = batch[:n_inputs], batch[n_inputs:]
 
@@ -803,8 +801,6 @@ def test_model_family_matches_cpu(family, mode):
     check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, **tol)
 
 
-@pytest.mark.xfail(strict=True, reason="core: Module.to('tpu') unties shared parameters "
-                   "(torch._has_compatible_shallow_copy_type(cpu, tpu) is False)")
 def test_to_tpu_keeps_tied_parameters():
     m = GPT2()
     assert m.lm_head.weight is m.wte.weight
