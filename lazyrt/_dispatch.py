@@ -674,8 +674,10 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal, fold=True) -> Plan:
     try:
         mout, margs, mkw = _meta_run(e, args, kwargs)
         meta_ok = True
-    except (NotImplementedError, _NoMeta) as ex:
-        if "meta" not in str(ex).lower() and not isinstance(ex, _NoMeta):
+    except (NotImplementedError, AttributeError, _NoMeta) as ex:
+        # No meta kernel (or a broken one, e.g. an AttributeError on a None bias):
+        # derive output shapes from the lowering itself.
+        if isinstance(ex, NotImplementedError) and "meta" not in str(ex).lower():
             raise
         meta_ok = False
         mout = margs = mkw = None
@@ -721,6 +723,8 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal, fold=True) -> Plan:
             if kind == "TL":
                 fresh.append([(tuple(x.shape), contiguous_strides(x.shape), _dtypes.to_torch(x.dtype), 0)
                               for x in s])
+            elif s is None:
+                fresh.append(None)
             else:
                 fresh.append((tuple(s.shape), contiguous_strides(s.shape), _dtypes.to_torch(s.dtype), 0))
             kinds.append(kind)
