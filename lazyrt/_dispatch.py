@@ -1053,6 +1053,23 @@ def to_cpu(t: TpuTensor) -> torch.Tensor:
     return _dtypes.numpy_to_torch(np.asarray(arr))
 
 
+def to_cpu_tree(a, originals: dict | None = None):
+    """``a`` with every tpu tensor copied to the CPU (and tpu devices made cpu);
+    ``originals`` maps id(copy) -> the tpu tensor it came from."""
+    if isinstance(a, TpuTensor):
+        c = to_cpu(a)
+        if originals is not None:
+            originals[id(c)] = a
+        return c
+    if type(a) is list:
+        return [to_cpu_tree(x, originals) for x in a]
+    if type(a) is tuple:
+        return tuple(to_cpu_tree(x, originals) for x in a)
+    if isinstance(a, torch.device) and a.type == "tpu":
+        return torch.device("cpu")
+    return a
+
+
 def cpu_fallback(e, args, kwargs):
     if e.name not in _warned_fallback:
         _warned_fallback.add(e.name)
@@ -1060,23 +1077,9 @@ def cpu_fallback(e, args, kwargs):
                       f"copies its inputs to the host", stacklevel=4)
     COUNTERS["cpu_fallbacks"] += 1
     FALLBACK_OPS[e.name] += 1
-    originals = {}
-
-    def conv(a):
-        if isinstance(a, TpuTensor):
-            c = to_cpu(a)
-            originals[id(c)] = a
-            return c
-        if type(a) is list:
-            return [conv(x) for x in a]
-        if type(a) is tuple:
-            return tuple(conv(x) for x in a)
-        if isinstance(a, torch.device) and a.type == "tpu":
-            return torch.device("cpu")
-        return a
-
-    cargs = conv(list(args))
-    ckw = {k: conv(v) for k, v in kwargs.items()}
+    originals: dict = {}
+    cargs = to_cpu_tree(list(args), originals)
+    ckw = {k: to_cpu_tree(v, originals) for k, v in kwargs.items()}
     res = e.op(*cargs, **ckw)
     # Write mutated arguments back.
     for name, pos, is_list in e.mut:
@@ -1341,19 +1344,8 @@ def debug_compare(e, args, kwargs, result):
     if _divergences:
         return
     try:
-        def conv(a):
-            if isinstance(a, TpuTensor):
-                return to_cpu(a)
-            if type(a) is list:
-                return [conv(x) for x in a]
-            if type(a) is tuple:
-                return tuple(conv(x) for x in a)
-            if isinstance(a, torch.device) and a.type == "tpu":
-                return torch.device("cpu")
-            return a
-
-        ref = e.op(*conv(list(args)), **{k: conv(v) for k, v in kwargs.items()})
-        got = conv(result)
+        ref = e.op(*to_cpu_tree(list(args)), **{k: to_cpu_tree(v) for k, v in kwargs.items()})
+        got = to_cpu_tree(result)
     except Exception:
         return
     refs = ref if isinstance(ref, (list, tuple)) else [ref]
