@@ -1,7 +1,6 @@
 """The ``tpu`` device: PrivateUse1 as a Python backend, and the ``torch.tpu`` module."""
 from __future__ import annotations
 
-import contextlib
 import enum
 import sys
 import types
@@ -297,7 +296,3 @@ def tensor_repr(t) -> str:
         suffixes.append("requires_grad=True")
     return ts._add_suffixes(prefix + body, suffixes, indent, force_newline=False)
 
-
-@contextlib.contextmanager
-def _noop():
-    yield

@@ -550,8 +550,6 @@ def _walk(e, a, vals, scal, dyn):
     if tp is list or tp is tuple:
         return tuple([_walk(e, x, vals, scal, dyn) for x in a])
     if isinstance(a, torch.Tensor):
-        if isinstance(a, TpuTensor):
-            return _walk(e, torch.Tensor._make_subclass(TpuTensor, a), vals, scal, dyn)
         return _cpu_input(e, a, vals)
     if isinstance(a, torch.Generator):
         return None
@@ -638,10 +636,6 @@ def _meta_run(e, args, kwargs):
     return e.op(*margs, **mkw), margs, mkw
 
 
-class _NoMeta(Exception):
-    pass
-
-
 def _make_plan(e: OpEntry, key, args, kwargs, vals, scal, fold=True) -> Plan:
     dyn = not e.static_floats
     plan = Plan()
@@ -674,7 +668,7 @@ def _make_plan(e: OpEntry, key, args, kwargs, vals, scal, fold=True) -> Plan:
     try:
         mout, margs, mkw = _meta_run(e, args, kwargs)
         meta_ok = True
-    except (NotImplementedError, AttributeError, _NoMeta) as ex:
+    except (NotImplementedError, AttributeError) as ex:
         # No meta kernel (or a broken one, e.g. an AttributeError on a None bias):
         # derive output shapes from the lowering itself.
         if isinstance(ex, NotImplementedError) and "meta" not in str(ex).lower():
@@ -925,13 +919,7 @@ def _h_inplace_view(e, args, kwargs):
     """``t.squeeze_()`` and friends: ``t`` becomes the view the out-of-place op returns
     (same storage, new shape/strides), set on the very same Python object."""
     self = args[0]
-    v = e.functional(*args, **kwargs)
-    torch._C.TensorBase.data.__set__(self, v)
-    self._spec = v._spec
-    self._st = v._st
-    self._chain = v._chain
-    self._cache = v._cache
-    self._cver = v._cver
+    self._rebind(e.functional(*args, **kwargs))
     return self
 
 

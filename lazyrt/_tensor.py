@@ -12,7 +12,6 @@ Aliasing is lazyrt's own (not PyTorch's functionalization, see ARCHITECTURE):
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import _dtypes
@@ -112,6 +111,10 @@ class TpuTensor(torch.Tensor):
             raise RuntimeError(
                 f"data set to a tensor that requires gradients must be a tpu tensor; "
                 f"got a tensor on {other.device}")
+        self._rebind(other)
+
+    def _rebind(self, other: "TpuTensor") -> None:
+        """Make this same Python object alias ``other`` (sizes, strides, storage, view)."""
         torch._C.TensorBase.data.__set__(self, other)
         self._spec = other._spec
         self._st = other._st
@@ -122,10 +125,6 @@ class TpuTensor(torch.Tensor):
 
 def _dispatch(func, args, kwargs):  # replaced by lazyrt._dispatch at import
     raise RuntimeError("lazyrt dispatcher not initialized")
-
-
-def spec_of(shape, stride, dtype, offset=0) -> tuple:
-    return (tuple(shape), tuple(stride), dtype, offset)
 
 
 def contiguous_strides(shape) -> tuple:
@@ -148,7 +147,3 @@ def from_value(value, dtype: torch.dtype | None = None) -> TpuTensor:
 
         _defer.note_storage(st, None)
     return t
-
-
-def host_array(value) -> np.ndarray:
-    return np.asarray(value)

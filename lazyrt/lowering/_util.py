@@ -45,12 +45,3 @@ def matmul_precision():
     p = torch.get_float32_matmul_precision()
     return {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
             "medium": lax.Precision.DEFAULT}[p]
-
-
-def promote(*xs):
-    """Promote arrays/scalars the way jnp would (PyTorch's final dtype comes from meta)."""
-    return [jnp.asarray(x) if not isinstance(x, (int, float, bool, complex)) else x for x in xs]
-
-
-def torch_dtype_category(x):
-    return torch.float32

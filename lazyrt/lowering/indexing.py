@@ -100,16 +100,11 @@ def scatter_add(self, dim, index, src):
     return self.at[idx].add(src.astype(self.dtype))
 
 
-@lower(aten.scatter_reduce.two)
-def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
-    if self.ndim == 0:
-        self = self.reshape(1)
-        index = index.reshape(-1)
-        src = src.reshape(-1)
-        return scatter_reduce(self, 0, index, src, reduce, include_self=include_self).reshape(())
-    idx = _scatter_index(self, dim, index)
-    src = src[tuple(slice(0, s) for s in index.shape)].astype(self.dtype)
+def _reduce_into(self, idx, src, reduce, include_self, name):
+    """``self`` with ``src`` reduced into the positions ``idx`` (scatter_reduce and
+    index_reduce semantics: ``include_self=False`` ignores the old value where touched)."""
     touched = jnp.zeros(self.shape, jnp.bool_).at[idx].set(True)
+    flt = jnp.issubdtype(self.dtype, jnp.inexact)
     if reduce == "sum":
         base = self if include_self else jnp.where(touched, 0, self)
         return base.at[idx].add(src)
@@ -117,7 +112,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
         base = self if include_self else jnp.where(touched, 1, self)
         return base.at[idx].multiply(src)
     if reduce in ("amax", "amin"):
-        if jnp.issubdtype(self.dtype, jnp.inexact):
+        if flt:
             fill = -jnp.inf if reduce == "amax" else jnp.inf
         else:
             info = jnp.iinfo(self.dtype)
@@ -129,11 +124,21 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
         s = base.at[idx].add(src)
         cnt = jnp.full(self.shape, 1 if include_self else 0, jnp.int64).at[idx].add(1)
         cnt = jnp.maximum(cnt, 1)
-        out = s / cnt
-        if not jnp.issubdtype(self.dtype, jnp.inexact):
-            out = jnp.floor_divide(s, cnt)
-        return out
-    raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+        return s / cnt if flt else jnp.floor_divide(s, cnt)
+    raise RuntimeError(f"{name}(): reduce argument must be one of sum, prod, mean, amax or "
+                       f"amin, got {reduce}")
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if self.ndim == 0:
+        self = self.reshape(1)
+        index = index.reshape(-1)
+        src = src.reshape(-1)
+        return scatter_reduce(self, 0, index, src, reduce, include_self=include_self).reshape(())
+    idx = _scatter_index(self, dim, index)
+    src = src[tuple(slice(0, s) for s in index.shape)].astype(self.dtype)
+    return _reduce_into(self, idx, src, reduce, include_self, "scatter_reduce")
 
 
 @lower(aten.index_add.default)
@@ -322,28 +327,10 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
                             include_self=include_self).reshape(())
     d = canon_dim(dim, self.ndim)
     idx = (slice(None),) * d + (index.astype(jnp.int64),)
-    src = source.astype(self.dtype)
-    touched = jnp.zeros(self.shape, jnp.bool_).at[idx].set(True)
-    flt = jnp.issubdtype(self.dtype, jnp.inexact)
-    if reduce == "prod":
-        base = self if include_self else jnp.where(touched, 1, self)
-        return base.at[idx].multiply(src)
-    if reduce in ("amax", "amin"):
-        if flt:
-            fill = -jnp.inf if reduce == "amax" else jnp.inf
-        else:
-            info = jnp.iinfo(self.dtype)
-            fill = info.min if reduce == "amax" else info.max
-        base = self if include_self else jnp.where(touched, fill, self)
-        return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
-    if reduce == "mean":
-        base = self if include_self else jnp.where(touched, 0, self)
-        s = base.at[idx].add(src)
-        cnt = jnp.full(self.shape, 1 if include_self else 0, jnp.int64).at[idx].add(1)
-        cnt = jnp.maximum(cnt, 1)
-        return s / cnt if flt else jnp.floor_divide(s, cnt)
-    raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin, "
-                       f"got {reduce}.")
+    if reduce == "sum":  # not one of index_reduce's reductions
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
+                           f"amin, got {reduce}.")
+    return _reduce_into(self, idx, source.astype(self.dtype), reduce, include_self, "index_reduce")
 
 
 @lower(aten.put.default)
