@@ -25,7 +25,7 @@ import numpy as np
 from cachetools import LRUCache
 from jax._src.lax.lax import _convert_element_type
 
-from . import _source, memory
+from . import _source, _xla, memory
 from ._config import config
 from ._ir import Pending
 from .memory import MemoryAnalysis
@@ -304,7 +304,7 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                 fn = _build_fn(tr, out_refs, donate_mask)
                 with _X64(True), warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                    compiled = jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal).compile()
+                    compiled = _xla.compile(jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal))
                 compile_s = time.perf_counter() - t0
                 exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src)
                 _cache[key] = exe

@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from . import memory
+from . import _xla, memory
 from .memory import MemoryAnalysis
 from .metrics import COUNTERS
 
@@ -20,7 +20,7 @@ def _compile(prog, arrays, scalars):
     t0 = time.perf_counter()
     with _X64(True):
         lowered = jax.jit(prog.fn).lower(*arrays, *scalars)
-        exe = lowered.compile()
+        exe = _xla.compile(lowered)
     prog.exe = exe
     prog.mem = MemoryAnalysis.of(exe)
     COUNTERS["cache_misses"] += 1

@@ -1,0 +1,68 @@
+"""XLA compile options lazyrt passes to every executable it builds.
+
+They are given per compile (``Lowered.compile(compiler_options=...)``), never through the
+process-wide ``XLA_FLAGS``, so the user's own JAX code keeps XLA's defaults.
+
+On XLA:CPU the elementwise loops XLA emits itself (not the matmuls, which go to its
+kernel libraries) are vectorized for 256-bit registers by default. On a CPU with AVX-512,
+asking for 512-bit vectors makes a long fused elementwise chain about 2x faster (measured
+on the ew_chain benchmark: 6.2 -> 3.2 ms on one core). ``LAZYRT_XLA_CPU_VECTOR_WIDTH``
+overrides the choice (``auto``, ``256``, ``512`` or ``off``); a ``--xla_cpu_prefer_vector_width``
+in ``XLA_FLAGS`` wins over both.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+
+@functools.lru_cache(maxsize=None)
+def platform() -> str:
+    """The platform lazyrt's arrays live on ('cpu', 'gpu', 'tpu')."""
+    return jax.default_backend()
+
+
+def on_cpu() -> bool:
+    return platform() == "cpu"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _vector_width() -> int | None:
+    if "xla_cpu_prefer_vector_width" in os.environ.get("XLA_FLAGS", ""):
+        return None
+    v = os.environ.get("LAZYRT_XLA_CPU_VECTOR_WIDTH", "auto").strip().lower() or "auto"
+    if v == "off":
+        return None
+    if v == "auto":
+        return 512 if "avx512f" in _cpu_flags() else None
+    if v not in ("256", "512"):
+        raise ValueError(f"lazyrt: LAZYRT_XLA_CPU_VECTOR_WIDTH={v!r} must be one of "
+                         "'auto', '256', '512', 'off'")
+    return int(v)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_options() -> dict:
+    """Options for ``Lowered.compile`` (empty off CPU)."""
+    if not on_cpu():
+        return {}
+    w = _vector_width()
+    return {} if w is None else {"xla_cpu_prefer_vector_width": w}
+
+
+def compile(lowered):
+    """Compile a ``jax.stages.Lowered`` with lazyrt's options."""
+    opts = compile_options()
+    return lowered.compile(compiler_options=opts) if opts else lowered.compile()
