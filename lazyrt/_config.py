@@ -69,6 +69,8 @@ class Config:
     pallas: str = "auto"
     # capture the user's source line for every recorded op (costs time).
     record_source: bool = False
+    # on XLA:CPU, keep freed host memory in malloc's heap for reuse (see _hostmem.py).
+    host_malloc_cache: bool = True
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -85,6 +87,7 @@ class Config:
             cpu_fallback=_env_bool("LAZYRT_CPU_FALLBACK"),
             pallas=pallas,
             record_source=_env_bool("LAZYRT_RECORD_SOURCE"),
+            host_malloc_cache=_env_bool("LAZYRT_HOST_MALLOC_CACHE", True),
         )
 
 

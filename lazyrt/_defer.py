@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import sys
 import threading
 import time
@@ -48,8 +49,8 @@ class Trace:
         self.leaves: list = []  # materialized inputs (jax arrays)
         self.leaf_index: dict = {}  # id(array) -> leaf number
         self.scalars: list = []  # runtime scalars, flat
-        # weak refs to storages that got a pending value of this trace (may repeat)
-        self.storages: list = []
+        # id(storage) -> weak ref, for each storage that got a pending value of this trace
+        self.storages: dict = {}
         self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
@@ -112,32 +113,40 @@ def record(prog, inputs, scalars):
 def note_storage(st, old) -> None:
     """``st`` now holds a pending value; ``old`` was its previous value."""
     tr = _trace
-    tr.storages.append(weakref.ref(st))
+    sts = tr.storages
+    r = sts.get(id(st))
+    if r is None or r() is not st:  # new, or a dead storage's id reused
+        sts[id(st)] = weakref.ref(st)
     if old is not None and type(old) is not Pending:
         tr.overwritten.add(id(old))
 
 
 class _Exe:
-    __slots__ = ("compiled", "mem", "desc", "src", "hits", "hlo")
+    __slots__ = ("compiled", "mem", "desc", "src", "hits", "hlo", "out_nbytes", "largest")
 
-    def __init__(self, compiled, mem, desc, src):
+    def __init__(self, compiled, mem, desc, src, out_avals):
         self.compiled = compiled
         self.mem = mem
         self.desc = desc
         self.src = src
         self.hits = 0
+        # Per-output bytes and the five largest outputs: the same on every run, so worked
+        # out once here rather than from the result arrays on each flush.
+        sizes = [(math.prod(s) * np.dtype(d).itemsize, tuple(s), str(np.dtype(d)))
+                 for s, d in out_avals]
+        self.out_nbytes = tuple(b for b, _, _ in sizes)
+        self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
+                        for b, s, d in sorted(sizes, reverse=True)[:5]]
 
 
 def _live_outputs(tr: Trace):
     """(storage, output index) of every live storage holding a pending value of ``tr``,
     and the sorted output refs (the order is part of the cache key: never set order)."""
     found = []
-    seen = set()
-    for ref in tr.storages:
+    for ref in tr.storages.values():
         st = ref()
-        if st is None or id(st) in seen:
+        if st is None:
             continue
-        seen.add(id(st))
         v = st.value
         if type(v) is Pending and v.trace is tr:
             found.append(((v.node << _SHIFT) | v.idx, st))
@@ -306,7 +315,8 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                     compiled = _xla.compile(jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal))
                 compile_s = time.perf_counter() - t0
-                exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src)
+                out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
+                exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src, out_avals)
                 _cache[key] = exe
                 _history["compiles"] += 1
                 COUNTERS["cache_misses"] += 1
@@ -338,8 +348,8 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
             ) from e
         # Materialize: from here on nothing may fail.
         track = memory.track
-        for r in results:
-            track(r)
+        for r, nb in zip(results, exe.out_nbytes):
+            track(r, nb)
         del donated, kept
         if tr is _trace:
             _trace = Trace()
@@ -358,13 +368,11 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         if n_ops > COUNTERS["max_trace_ops"]:
             COUNTERS["max_trace_ops"] = n_ops
         _history["flushes"] += 1
-        largest = sorted(((int(r.nbytes), tuple(r.shape), str(r.dtype)) for r in results),
-                         reverse=True)[:5]
         memory.record_execution(
             mode="defer", name=reason, trace_hash=_hash_hex(key), num_ops=n_ops, cache_hit=hit,
             compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
             live_before=live_before, passed_bytes=passed, source=src,
-            largest=[{"bytes": b, "shape": list(s), "dtype": d} for b, s, d in largest],
+            largest=[dict(d) for d in exe.largest],
             t_start=t_start)
         if config.mode == "debug":
             for r in results:

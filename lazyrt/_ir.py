@@ -13,12 +13,16 @@ into the flush's single computation.
 from __future__ import annotations
 
 import itertools
+import math
+
+import numpy as np
 
 _uids = itertools.count(1)
 
 
 class Prog:
-    __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op")
+    __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
+                 "out_nbytes")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None):
         self.uid = next(_uids)
@@ -29,6 +33,7 @@ class Prog:
         self.scalar_kinds = scalar_kinds
         # ((shape, jnp dtype), ...) of the outputs
         self.out_avals = out_avals
+        self.out_nbytes = tuple(math.prod(sh) * np.dtype(dt).itemsize for sh, dt in out_avals)
         # strict mode: the compiled executable and its memory analysis
         self.exe = None
         self.mem = None

@@ -46,8 +46,8 @@ def run(prog, arrays, scalars, log: bool | None = None):
     COUNTERS["executions"] += 1
     COUNTERS["execute_seconds"] += dt
     track = memory.track
-    for o in outs:
-        track(o)
+    for o, nb in zip(outs, prog.out_nbytes):
+        track(o, nb)
     if log is None:
         log = memory.LOG_STRICT[0]
     if log:

@@ -69,12 +69,14 @@ def _purge_deleted() -> int:
     return freed
 
 
-def track(arr) -> None:
-    """Count a materialized device array until it is garbage."""
+def track(arr, nbytes: int | None = None) -> None:
+    """Count a materialized device array until it is garbage (``nbytes`` if the caller
+    knows it: ``jax.Array.nbytes`` costs microseconds, which add up over a flush's outputs)."""
     key = id(arr)
     if key in _live:
         return
-    nbytes = arr.nbytes
+    if nbytes is None:
+        nbytes = arr.nbytes
     try:
         ref = weakref.ref(arr, lambda _r, key=key: _release(key))
     except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
