@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,9 +57,14 @@ def _cpu_model() -> str:
 _INFO_CODE = r"""
 import json, jax, torch
 d = jax.devices()[0]
-print(json.dumps({"jax_backend": jax.default_backend(), "jax_version": jax.__version__,
-                  "jax_device": str(getattr(d, "device_kind", d)), "jax_device_count": jax.device_count(),
-                  "torch_version": torch.__version__, "torch_threads": torch.get_num_threads()}))
+info = {"jax_backend": jax.default_backend(), "jax_version": jax.__version__,
+        "jax_device": str(getattr(d, "device_kind", d)), "jax_device_count": jax.device_count(),
+        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads()}
+import lazyrt
+from lazyrt import _hostmem, _xla
+info["lazyrt_xla_compile_options"] = _xla.compile_options()
+info["lazyrt_host_malloc_cache"] = _hostmem.applied()
+print(json.dumps(info))
 """
 
 
@@ -147,6 +153,22 @@ def run_worker(row: dict, mode: str, steps: int, warmup: int, env: dict, timeout
                 "mode": mode, "wall_s": time.perf_counter() - t0,
                 "env": row["env"]})
     return res
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One mode's result over ``--repeat`` rounds: the median of the rounds' medians (the
+    other fields from the first round). A failed round makes the whole mode failed."""
+    bad = next((r for r in rounds if not r.get("ok")), None)
+    if bad is not None or len(rounds) == 1:
+        return bad or rounds[0]
+    out = dict(rounds[0])
+    meds = [r["median_ms"] for r in rounds]
+    out["round_median_ms"] = meds
+    out["median_ms"] = statistics.median(meds)
+    out["step_ms"] = [x for r in rounds for x in r.get("step_ms", [])]
+    if out.get("ops_per_step"):
+        out["us_per_op"] = out["median_ms"] * 1e3 / out["ops_per_step"]
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -334,6 +356,9 @@ def main(argv=None) -> int:
                     help="CPU threads for torch (all modes) and, with 1, single-threaded XLA CPU "
                          "too; default: each library's own default. Use 1 on a loaded machine, "
                          "where multi-threaded CPU eager collapses under contention.")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of (each mode in its own process); each mode reports the "
+                         "median of its rounds' medians. Use 3 or more on a shared machine.")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
     a = ap.parse_args(argv)
 
@@ -349,6 +374,8 @@ def main(argv=None) -> int:
     bad = [m for m in modes if m not in ALL_MODES]
     if bad:
         ap.error(f"unknown mode(s) {bad}; choose from {list(ALL_MODES)}")
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
     steps = a.steps if a.steps is not None else (3 if a.quick else 10)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 3)
 
@@ -367,20 +394,27 @@ def main(argv=None) -> int:
           f"torch {machine.get('torch_version')}; load avg "
           f"{_f((machine.get('loadavg_at_start') or [None])[0])}", flush=True)
     print(f"steps {steps} timed after {warmup} warm-up (median reported); modes {modes}; "
-          f"threads {a.threads or 'default'}",
+          f"threads {a.threads or 'default'}; rounds {a.repeat}",
           flush=True)
     rows = expand_rows(names, machine.get("jax_backend"), a.quick)
     results, summary = [], []
     for row in rows:
-        by_mode = {}
-        for m in modes:
-            r = run_worker(row, m, steps, warmup, env, a.timeout, a.threads)
-            by_mode[m] = r
-            results.append(r)
-            status = (f"{r['median_ms']:.3f} ms/step" if r.get("ok")
-                      else f"FAILED: {r.get('error')}")
-            print(f"  {row['label']:<32} {m:<6} {status}  ({r['wall_s']:.1f} s)", flush=True)
-        summary.append(summarize(row, by_mode))
+        per_mode: dict = {m: [] for m in modes}
+        for rep in range(a.repeat):
+            # NOTE: each round starts from the next mode, so no mode always runs first (or
+            # last) while the machine's load drifts.
+            k = rep % len(modes)
+            for m in modes[k:] + modes[:k]:
+                r = run_worker(row, m, steps, warmup, env, a.timeout, a.threads)
+                r["round"] = rep
+                per_mode[m].append(r)
+                results.append(r)
+                status = (f"{r['median_ms']:.3f} ms/step" if r.get("ok")
+                          else f"FAILED: {r.get('error')}")
+                rnd = f" round {rep + 1}/{a.repeat}" if a.repeat > 1 else ""
+                print(f"  {row['label']:<32} {m:<6} {status}  ({r['wall_s']:.1f} s){rnd}",
+                      flush=True)
+        summary.append(summarize(row, {m: combine_rounds(rs) for m, rs in per_mode.items()}))
 
     bars = check_bars(summary)
     print()
@@ -401,7 +435,8 @@ def main(argv=None) -> int:
             "schema": "lazyrt-perf/1",
             "command": " ".join(["python -m perf"] + (sys.argv[1:] if argv is None else argv)),
             "machine": machine,
-            "config": {"steps": steps, "warmup": warmup, "modes": modes, "workloads": names,
+            "config": {"steps": steps, "warmup": warmup, "repeat": a.repeat, "modes": modes,
+                       "workloads": names,
                        "threads": a.threads, "xla_flags": env.get("XLA_FLAGS"),
                        "quick": a.quick, "loss_rtol": LOSS_RTOL},
             "summary": summary,

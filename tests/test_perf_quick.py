@@ -96,3 +96,20 @@ def test_losses_agree_across_modes(report, workload):
     s = next(s for s in report["summary"] if s["label"] == workload)
     assert s["losses_agree"] is True
 
+
+
+def test_combine_rounds_takes_median_of_round_medians():
+    sys.path.insert(0, ROOT)
+    from perf.suite import combine_rounds
+
+    rounds = [{"ok": True, "median_ms": m, "step_ms": [m, m], "ops_per_step": 1000,
+               "us_per_op": m, "hbm_peak_bytes": 7} for m in (3.0, 1.0, 2.0)]
+    out = combine_rounds(rounds)
+    assert out["median_ms"] == 2.0
+    assert out["round_median_ms"] == [3.0, 1.0, 2.0]
+    assert len(out["step_ms"]) == 6
+    assert out["us_per_op"] == pytest.approx(2.0)
+    assert out["hbm_peak_bytes"] == 7
+    failed = {"ok": False, "error": "boom"}
+    assert combine_rounds(rounds + [failed]) is failed
+    assert combine_rounds(rounds[:1]) is rounds[0]
