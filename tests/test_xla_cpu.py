@@ -133,3 +133,13 @@ def test_host_malloc_cache_bad_value_is_an_error():
                        env=e, timeout=120, check=False)
     assert p.returncode != 0
     assert "LAZYRT_HOST_MALLOC_CACHE" in p.stderr
+
+
+@pytest.mark.parametrize("n", [4, 400, 4096, 100003])
+def test_atan_right_at_every_size(mode, n):
+    # XLA:CPU miscompiles atan at 512-bit vectors; lazyrt compiles such programs at the
+    # default width (see _xla.compile). Fused with other ops too.
+    x = torch.linspace(-50, 50, n)
+    assert_close(torch.atan(x.to("tpu")), torch.atan(x))
+    assert_close(torch.atan(torch.exp(x.to("tpu") * 0.01)) * 2 + 1, torch.atan(torch.exp(x * 0.01)) * 2 + 1)
+    assert_close(torch.atan2(x.to("tpu"), x.to("tpu") * 0.5 + 1), torch.atan2(x, x * 0.5 + 1))
