@@ -113,3 +113,13 @@ def test_combine_rounds_takes_median_of_round_medians():
     failed = {"ok": False, "error": "boom"}
     assert combine_rounds(rounds + [failed]) is failed
     assert combine_rounds(rounds[:1]) is rounds[0]
+
+
+def test_jax_floor_mlp_trains():
+    sys.path.insert(0, ROOT)
+    from perf.jax_floor import run
+
+    ms, losses = run("mlp_train", steps=2, warmup=2)
+    assert _num(ms) and ms > 0
+    assert len(losses) == 4 and all(_num(x) for x in losses)
+    assert losses[-1] < losses[0]  # AdamW on a fixed batch: the loss goes down

@@ -1,0 +1,140 @@
+"""The "floor": the perf suite's MLP and GPT training steps written in plain JAX and jitted
+whole (forward, backward and AdamW in one executable, parameters donated), so there is no
+per-op overhead at all. Same shapes as ``workloads.py``; different random numbers, so the
+losses are not compared.
+
+    python -m perf.jax_floor [--steps 10] [--warmup 3] [--only mlp_train,gpt_train]
+
+It runs in this process with JAX's defaults (lazyrt is not imported, so neither its
+compile options nor its malloc setting apply; run it under the same ``MALLOC_*``
+environment to compare like with like).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _adamw(params, grads, m, v, t, lr, wd=0.01, b1=0.9, b2=0.999, eps=1e-8):
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+
+    def upd(p, m, v):
+        p = p * (1 - lr * wd)
+        return p - lr * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
+
+    return jax.tree.map(upd, params, m, v), m, v
+
+
+def _ln(x, w, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + 1e-5) * w + b
+
+
+def _xent(logits, tgt):
+    lp = jax.nn.log_softmax(logits)
+    return -jnp.take_along_axis(lp, tgt[:, None], 1).mean()
+
+
+def mlp_setup(rng):
+    def lin(i, o):
+        s = 1 / np.sqrt(i)
+        return {"w": jnp.asarray(rng.uniform(-s, s, (o, i)), jnp.float32),
+                "b": jnp.asarray(rng.uniform(-s, s, (o,)), jnp.float32)}
+
+    params = [lin(1024, 1024), lin(1024, 1024), lin(1024, 10)]
+    x = jnp.asarray(rng.standard_normal((64, 1024)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 10, (64,)), jnp.int32)
+
+    def loss_fn(p):
+        h = jax.nn.relu(x @ p[0]["w"].T + p[0]["b"])
+        h = jax.nn.relu(h @ p[1]["w"].T + p[1]["b"])
+        return _xent(h @ p[2]["w"].T + p[2]["b"], y)
+
+    return params, loss_fn, 1e-3
+
+
+def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
+    def P(*s):
+        return jnp.asarray(rng.standard_normal(s) * 0.02, jnp.float32)
+
+    def blk():
+        return dict(ln1w=jnp.ones(D), ln1b=jnp.zeros(D), qkvw=P(3 * D, D), qkvb=jnp.zeros(3 * D),
+                    projw=P(D, D), projb=jnp.zeros(D), ln2w=jnp.ones(D), ln2b=jnp.zeros(D),
+                    fc1w=P(4 * D, D), fc1b=jnp.zeros(4 * D), fc2w=P(D, 4 * D), fc2b=jnp.zeros(D))
+
+    params = {"tok": P(V, D), "pos": P(T, D), "lnw": jnp.ones(D), "lnb": jnp.zeros(D),
+              "head": P(V, D), "blocks": [blk() for _ in range(L)]}
+    idx = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    tgt = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    causal = jnp.tril(jnp.ones((T, T), bool))
+
+    def heads(z):
+        return z.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
+
+    def loss_fn(p):
+        x = p["tok"][idx] + p["pos"][jnp.arange(T)]
+        for bp in p["blocks"]:
+            q, k, v = jnp.split(_ln(x, bp["ln1w"], bp["ln1b"]) @ bp["qkvw"].T + bp["qkvb"], 3, -1)
+            q, k, v = heads(q), heads(k), heads(v)
+            s = jnp.where(causal, (q @ k.transpose(0, 1, 3, 2)) / np.sqrt(D // H), -jnp.inf)
+            a = (jax.nn.softmax(s, -1) @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
+            x = x + a @ bp["projw"].T + bp["projb"]
+            h = _ln(x, bp["ln2w"], bp["ln2b"]) @ bp["fc1w"].T + bp["fc1b"]
+            h = h * 0.5 * (1 + jax.scipy.special.erf(h * 0.7071067811865476))
+            x = x + h @ bp["fc2w"].T + bp["fc2b"]
+        logits = _ln(x, p["lnw"], p["lnb"]) @ p["head"].T
+        return _xent(logits.reshape(-1, V), tgt.reshape(-1))
+
+    return params, loss_fn, 3e-4
+
+
+SETUPS = {"mlp_train": mlp_setup, "gpt_train": gpt_setup}
+
+
+def run(name: str, steps: int, warmup: int) -> tuple[float, list[float]]:
+    """Median ms per timed step, and every step's loss."""
+    params, loss_fn, lr = SETUPS[name](np.random.default_rng(0))
+
+    def step(p, m, v, t):
+        loss, g = jax.value_and_grad(loss_fn)(p)
+        p, m, v = _adamw(p, g, m, v, t, lr)
+        return p, m, v, loss
+
+    f = jax.jit(step, donate_argnums=(0, 1, 2))
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(jnp.zeros_like, params)
+    p, ts, losses = params, [], []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        p, m, v, loss = f(p, m, v, float(i + 1))
+        # the step ends when its loss is on the host, as in the perf workloads
+        losses.append(float(loss))
+        if i >= warmup:
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3, losses
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf.jax_floor")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", default=",".join(SETUPS))
+    a = ap.parse_args(argv)
+    for name in [n.strip() for n in a.only.split(",") if n.strip()]:
+        if name not in SETUPS:
+            ap.error(f"unknown workload {name!r}; choose from {list(SETUPS)}")
+        ms, losses = run(name, a.steps, a.warmup)
+        print(f"{name:<10} plain-JAX whole-step jit: {ms:.2f} ms/step (jax {jax.__version__}, "
+              f"{jax.default_backend()}); loss {losses[0]:.4g} -> {losses[-1]:.4g}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
