@@ -46,12 +46,6 @@ def _enable_persistent_cache(path: str) -> None:
 if config.cache_dir:
     _enable_persistent_cache(config.cache_dir)
 
-if config.host_malloc_cache:
-    from . import _hostmem, _xla
-
-    if _xla.on_cpu():
-        _hostmem.enable()
-
 
 def set_pallas(policy: str) -> str:
     """Set the Pallas policy ('auto', 'on', 'off'; as ``LAZYRT_PALLAS``) and drop the

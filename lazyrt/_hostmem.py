@@ -7,7 +7,8 @@ heap top above its trim threshold; either way the next computation takes a page 
 every 4 KiB it touches. A defer training step of the GPT benchmark (54 MB of temps) took
 about 14,000 minor faults per step and ran 20-25% slower for it (``perf/README.md``).
 
-So, on the CPU platform under glibc, lazyrt raises both thresholds to 1 GiB at import:
+So, on the CPU platform under glibc, lazyrt raises both thresholds to 1 GiB when it first
+lowers or compiles an op (``_xla.platform``; not at import, which must not start JAX):
 freed blocks stay in the heap and are reused, as a device runtime's caching allocator
 would. The price: the process's resident size stays near its peak. It applies to the whole
 process (plain CPU tensors too). ``LAZYRT_HOST_MALLOC_CACHE=0`` leaves glibc's defaults.

@@ -106,7 +106,11 @@ def test_compile_options_reach_the_executable(mode):
         del y
 
 
-_PROBE = ("import lazyrt, json; from lazyrt import _hostmem; "
+_PROBE = ("import lazyrt, json, torch; from lazyrt import _hostmem; "
+          "from jax._src import xla_bridge as xb; "
+          "assert not xb._backends, 'import lazyrt started a JAX backend'; "
+          "assert _hostmem.applied() == {}; "
+          "(torch.ones(3).to('tpu') * 2).cpu(); "
           "print(json.dumps(_hostmem.applied()))")
 
 
