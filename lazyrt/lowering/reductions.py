@@ -398,6 +398,16 @@ def _sorted_last(self, d):
     return jnp.take_along_axis(x, idx, axis=-1), idx
 
 
+def _pick_sorted(s, idx, k, d, keepdim):
+    """(value, index) at position ``k`` (shape [..., 1]) of ``_sorted_last``'s output,
+    moved back to dim ``d``."""
+    v = jnp.moveaxis(jnp.take_along_axis(s, k, axis=-1), -1, d)
+    i = jnp.moveaxis(jnp.take_along_axis(idx, k, axis=-1), -1, d)
+    if not keepdim:
+        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
+    return v, i
+
+
 @lower(aten.nanmedian.default)
 def nanmedian_all(self):
     x = self.reshape(-1)
@@ -421,12 +431,7 @@ def nanmedian_dim(self, dim, keepdim=False):
         k = jnp.where(c == 0, (n - 1) // 2, (c - 1) // 2)
     else:
         k = jnp.full(s.shape[:-1] + (1,), (n - 1) // 2)
-    v = jnp.take_along_axis(s, k, axis=-1)
-    i = jnp.take_along_axis(idx, k, axis=-1)
-    v, i = jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
-    if not keepdim:
-        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
-    return v, i
+    return _pick_sorted(s, idx, k, d, keepdim)
 
 
 @lower(aten.mode.default)
@@ -446,12 +451,7 @@ def mode(self, dim=-1, keepdim=False):
     # The end of the first longest run: the smallest of the most frequent values; stable
     # sorting makes its last element the value's last occurrence, as ATen returns.
     best = jnp.argmax(length, axis=-1, keepdims=True)
-    v = jnp.take_along_axis(s, best, axis=-1)
-    i = jnp.take_along_axis(idx, best, axis=-1)
-    v, i = jnp.moveaxis(v, -1, d), jnp.moveaxis(i, -1, d)
-    if not keepdim:
-        v, i = jnp.squeeze(v, d), jnp.squeeze(i, d)
-    return v, i
+    return _pick_sorted(s, idx, best, d, keepdim)
 
 
 # ---- histograms --------------------------------------------------------------------------------
