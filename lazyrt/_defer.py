@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import math
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ from jax._src.lax.lax import _convert_element_type
 
 from . import _source, _xla, memory
 from ._config import config
-from ._ir import Pending
+from ._ir import Pending, aval_nbytes
 from .memory import MemoryAnalysis
 from .metrics import COUNTERS
 
@@ -113,10 +112,9 @@ def record(prog, inputs, scalars):
 def note_storage(st, old) -> None:
     """``st`` now holds a pending value; ``old`` was its previous value."""
     tr = _trace
-    sts = tr.storages
-    r = sts.get(id(st))
-    if r is None or r() is not st:  # new, or a dead storage's id reused
-        sts[id(st)] = weakref.ref(st)
+    # NOTE: weakref.ref(st) hands back st's existing ref when it has one; a dead storage
+    # whose id was reused is simply replaced.
+    tr.storages[id(st)] = weakref.ref(st)
     if old is not None and type(old) is not Pending:
         tr.overwritten.add(id(old))
 
@@ -132,8 +130,7 @@ class _Exe:
         self.hits = 0
         # Per-output bytes and the five largest outputs: the same on every run, so worked
         # out once here rather than from the result arrays on each flush.
-        sizes = [(math.prod(s) * np.dtype(d).itemsize, tuple(s), str(np.dtype(d)))
-                 for s, d in out_avals]
+        sizes = [(aval_nbytes(s, d), tuple(s), str(np.dtype(d))) for s, d in out_avals]
         self.out_nbytes = tuple(b for b, _, _ in sizes)
         self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
                         for b, s, d in sorted(sizes, reverse=True)[:5]]

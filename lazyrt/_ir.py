@@ -20,6 +20,11 @@ import numpy as np
 _uids = itertools.count(1)
 
 
+def aval_nbytes(shape, dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dtype`` (no ``jax.Array.nbytes`` call)."""
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes")
@@ -33,7 +38,7 @@ class Prog:
         self.scalar_kinds = scalar_kinds
         # ((shape, jnp dtype), ...) of the outputs
         self.out_avals = out_avals
-        self.out_nbytes = tuple(math.prod(sh) * np.dtype(dt).itemsize for sh, dt in out_avals)
+        self.out_nbytes = tuple(aval_nbytes(sh, dt) for sh, dt in out_avals)
         # strict mode: the compiled executable and its memory analysis
         self.exe = None
         self.mem = None
