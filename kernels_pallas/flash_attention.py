@@ -185,7 +185,7 @@ def supports_attention(
             tuple(q_shape), tuple(k_shape), tuple(v_shape), dtype, dtype, dtype,
             None if mask_shape is None else tuple(mask_shape), mask_dtype,
         )
-    except Exception:  # noqa: BLE001 - a predicate must never raise
+    except Exception:
         return False
     return True
 

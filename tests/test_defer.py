@@ -26,7 +26,7 @@ def _counters():
 
 
 def _is_pending(t):
-    from lazyrt._dispatch import value
+    from lazyrt._values import value
 
     return type(value(t)) is Pending
 
@@ -175,12 +175,12 @@ def test_donation_only_when_no_alias_reads_old_value():
 
 
 def test_failing_flush_names_op_and_leaves_tensors_usable():
-    from lazyrt import _dispatch
+    from lazyrt import _resolve
 
     x = torch.randn(4, device="tpu")
     lazyrt.sync()
     good = x + 1
-    entry = _dispatch.resolve(torch.ops.aten.cosh.default)
+    entry = _resolve.resolve(torch.ops.aten.cosh.default)
     real = entry.fn
     calls = {"n": 0}
 

@@ -19,11 +19,11 @@ import os
 
 import pytest
 import torch
+from _util import assert_close, to_cpu, to_tpu
+from opinfo_xfail import XFAIL, XFAIL_ALL_SAMPLES, XFAIL_DTYPE, XFAIL_GRAD
 from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
-from _util import assert_close, to_cpu, to_tpu
-from opinfo_xfail import XFAIL, XFAIL_ALL_SAMPLES, XFAIL_DTYPE, XFAIL_GRAD
 
 MAX_SAMPLES = int(os.environ.get("LAZYRT_OPINFO_SAMPLES", "2"))
 DTYPES = [getattr(torch, d) for d in os.environ.get("LAZYRT_OPINFO_DTYPES", "float32").split(",")]

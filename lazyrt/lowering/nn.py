@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._registry import aten, lower
+from ._registry import aten, lower, named
 from ._util import matmul_precision, opmath
 
 # ---- normalization -----------------------------------------------------------------
@@ -762,7 +762,7 @@ def _register_upsample_nearest_backward(nd):
             sc = (sc + [None] * _nd)[:_nd]
             return _upsample_nearest_backward(grad_output, output_size, input_size, sc, _exact)
 
-        lower(op, static_floats=True)(fn)
+        lower(op, static_floats=True)(named(fn, name))
 
 
 for _nd in (1, 2, 3):
