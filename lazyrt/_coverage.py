@@ -59,7 +59,7 @@ def _op_of(op):
     return op
 
 
-def status(op) -> OpCoverage:
+def status(op: str | torch._ops.OpOverload) -> OpCoverage:
     op = _op_of(op)
     r = lookup(op)
     how = r.how
@@ -80,7 +80,7 @@ def status(op) -> OpCoverage:
     return OpCoverage(str(op), st, how, by)
 
 
-def coverage(op=None):
+def coverage(op: str | torch._ops.OpOverload | None = None) -> OpCoverage | dict:
     """With an op (``"aten.add.Tensor"`` or an OpOverload): its ``OpCoverage``
     (``.status``, ``.by``: which file and function lowers it). Without: a dict
     status -> sorted op names over every ATen overload, plus ``counts``."""

@@ -259,9 +259,10 @@ def test_strict_and_defer_agree_on_a_model():
     m(torch.randn(2, 3, 8, 8))
     x = torch.randn(2, 3, 8, 8)
     outs = {}
+    mt = None
     for mode in ("strict", "defer"):
         with lazyrt.set_mode(mode):
-            mt = m.to("tpu") if mode == "strict" else mt
+            mt = m.to("tpu") if mt is None else mt
             out = mt(x.to("tpu"))
             out.sum().backward()
             outs[mode] = (out.detach().cpu(), mt[0].weight.grad.cpu().clone())

@@ -141,7 +141,7 @@ def test_opinfo_grad(op, mode):
             continue
         assert a is not None, f"grad {i} missing"
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, equal_nan=True,
-                                   msg=lambda m: f"grad of input {i}: {m}")
+                                   msg=lambda m, i=i: f"grad of input {i}: {m}")
     assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 

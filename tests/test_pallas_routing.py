@@ -280,7 +280,7 @@ def _train(policy, mode, steps=3):
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-        losses = [l.cpu() for l in losses]
+        losses = [loss.cpu() for loss in losses]
         params = [p.detach().cpu() for p in model.parameters()]
     return losses, params
 
