@@ -284,7 +284,7 @@ def _check_abstractly(e, prog_fn, vals, scalar_kinds, desc) -> None:
 def remember(plans: dict, key, plan: Plan) -> None:
     """Cache ``plan``; past ``config.plan_cache_size`` plans of one op, the oldest goes."""
     with _INSERT_LOCK:
-        if len(plans) >= config.plan_cache_size:
+        while plans and len(plans) >= config.plan_cache_size:
             plans.pop(next(iter(plans)), None)
         plans[key] = plan
 
