@@ -38,7 +38,17 @@ _FLOAT = float  # key marker of a runtime float
 _ALLOW_CPU = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "_to_copy"}
 
 
+class TracingArgument(Exception):
+    """A tracing tensor (fake or functional: ``torch.compile`` is tracing) met a real tpu
+    tensor in one op; the dispatcher reruns the op for the tracer (``_dispatch``)."""
+
+
+_TRACING_TYPES = ("FakeTensor", "FunctionalTensor")
+
+
 def _cpu_input(entry, t: torch.Tensor, vals: list):
+    if type(t).__name__ in _TRACING_TYPES:
+        raise TracingArgument()
     if t.dim() != 0 and entry.packet not in _ALLOW_CPU:
         raise RuntimeError(
             f"Expected all tensors to be on the same device, but found at least two devices, "

@@ -17,12 +17,14 @@ from __future__ import annotations
 import torch
 from torch._ops import OpOverload
 
+from ._args import TracingArgument
 from ._backward_hold import hold
 from ._config import config
 from ._defer import LOCK
 from ._fallback import compare_with_cpu
 from ._resolve import ENTRIES, resolve
 from ._tensor import TpuTensor
+from ._values import to_cpu
 from .metrics import COUNTERS
 
 _current_autograd_node = torch._C._current_autograd_node
@@ -44,10 +46,28 @@ def _torch_dispatch(cls, func: OpOverload, types, args: tuple = (), kwargs: dict
             compare_with_cpu(e, args, kwargs, out)
             return out
         return e.handler(e, args, kwargs)
+    except TracingArgument:
+        return _for_tracer(func, args, kwargs)
     except Exception as ex:
         if _current_autograd_node() is None:
             raise
         return hold(e, args, kwargs, ex)
+
+
+def _for_tracer(func: OpOverload, args: tuple, kwargs: dict):
+    """``func`` got real tpu tensors beside tracing (fake/functional) tensors: Dynamo or
+    AOTAutograd is tracing, and a C++ path made a real tensor on the device (``x[[0, 1]]``
+    builds its index tensor so). Hand the tracer CPU copies of the real tensors: it
+    records them as constants of the graph, as it does for CUDA's."""
+
+    def host(a):
+        if type(a) is TpuTensor:
+            return to_cpu(a)
+        if type(a) in (list, tuple):
+            return type(a)(host(x) for x in a)
+        return a
+
+    return func(*host(args), **{k: host(v) for k, v in kwargs.items()})
 
 
 def dispatch(func: OpOverload, args: tuple, kwargs: dict):

@@ -7,6 +7,8 @@ fails loudly if a patched attribute disappears. (Kernels registered through the 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _backward_hold, _control
@@ -99,8 +101,38 @@ def _foreach_for_tpu_parameters() -> None:
         optim_mod._foreach_supported_types.append(TpuTensor)
 
 
+def _compile_picks_tpu() -> None:
+    """``torch.compile``: TorchTPU's rule, tpu inputs pick the ``"tpu"`` backend and static
+    shapes; ``backend="inductor"`` with tpu inputs is a clear error (``_compile.api``).
+    Only the wrapper is installed here: nothing of Dynamo is imported until a compile."""
+    from ._compile import api
+
+    orig = torch.compile
+
+    @functools.wraps(orig)
+    def compile(model=None, **kwargs):
+        return api.compile(orig, model, **kwargs)
+
+    torch.compile = compile
+
+
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
-           _keep_tied_parameters, _foreach_for_tpu_parameters)
+           _keep_tied_parameters, _foreach_for_tpu_parameters, _compile_picks_tpu)
+
+
+def install_dynamo() -> None:
+    """At the first compile: Dynamo treats a ``TpuTensor`` as a tensor (it wraps only plain
+    tensors and traceable wrapper subclasses by default, so every tpu op graph-broke with
+    "Dynamo does not know how to trace builtin operator `matmul` with argument types
+    ['TpuTensor', ...]"). ``VariableBuilder._type_dispatch()`` is Dynamo's cached map from
+    exact type to wrapper (torch/_dynamo/variables/builder.py, torch 2.13)."""
+    import torch._dynamo
+    from torch._dynamo.variables.builder import VariableBuilder
+
+    VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
+    # LSTM/GRU are traced into the graph rather than graph-broken, as TorchTPU does
+    # (process-wide Dynamo config, set at the first tpu compile).
+    torch._dynamo.config.allow_rnn = True
 
 
 def install() -> None:

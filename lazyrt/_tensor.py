@@ -113,6 +113,11 @@ class TpuTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # AOTAutograd (torch.compile) checks each runtime tangent against the plain tensor
+        # it traced with; a tpu tensor is one.
+        return self
+
     @property
     def data(self):
         return self.detach()

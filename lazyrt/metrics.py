@@ -25,6 +25,10 @@ _ZERO = {
     "pending_ops": 0,
     "max_trace_ops": 0,
     "decompositions": 0,
+    "compiled_modules": 0,  # graphs Dynamo handed the tpu backend
+    "compiled_graphs": 0,  # AOT forward/backward/inference graphs made into programs
+    "compiled_calls": 0,  # calls of those graphs
+    "compiled_eager_calls": 0,  # calls run eagerly (a graph lazyrt cannot lower whole)
     "pallas_attention_calls": 0,
     "pallas_matmul_calls": 0,
     "pallas_fallbacks": 0,

@@ -737,10 +737,13 @@ def _close(actual, expected, rtol, atol, what):
 
 
 def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e-5,
-                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS):
+                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS, compile=False):
+    """``compile``: the tpu model runs under ``model.compile()`` (torch.compile)."""
     torch.manual_seed(0)
     ref_model = model_fn()
     tpu_model = copy.deepcopy(ref_model).to("tpu")
+    if compile:
+        tpu_model.compile()
     # NOTE: no re-tying: Module.to("tpu") keeps tied parameters tied
     # (test_to_tpu_keeps_tied_parameters).
     batch = batch_fn()
