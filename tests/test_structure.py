@@ -154,12 +154,14 @@ def lazyrt_tensor():
 
 def test_any_module_can_be_imported_first():
     """Importing any lazyrt module first (in a fresh interpreter) leaves a working device."""
-    names = [n for n, _ in _modules() if n != "lazyrt" and not n.endswith("__main__")]
+    # (``import lazyrt.x`` runs lazyrt/__init__ first anyway; the acyclic import graph
+    # above is the real check. A few starts, each ~2 s.)
+    names = ["lazyrt._values", "lazyrt.lowering.pointwise", "lazyrt._compile.graph"]
     code = ("import importlib, sys, torch\n"
             "importlib.import_module(sys.argv[1])\n"
             "x = torch.ones(3, device='tpu')\n"
             "assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]\n")
-    for n in names[::4]:  # a sample: each start costs ~2 s
+    for n in names:
         r = subprocess.run([sys.executable, "-c", code, n], capture_output=True, text=True,
                            timeout=120, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
         assert r.returncode == 0, (n, r.stderr[-2000:])
