@@ -127,9 +127,20 @@ def install_dynamo() -> None:
     ['TpuTensor', ...]"). ``VariableBuilder._type_dispatch()`` is Dynamo's cached map from
     exact type to wrapper (torch/_dynamo/variables/builder.py, torch 2.13)."""
     import torch._dynamo
+    import torch._dynamo.variables.builder as builder
     from torch._dynamo.variables.builder import VariableBuilder
 
     VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
+    # ... and as a plain tensor, not a __torch_function__ subclass: otherwise Dynamo re-wraps
+    # graph outputs with `to_subclass`, through a global its resume functions (after a
+    # graph break) do not have: "NameError: name '__subclass_Tensor_..._c23' is not
+    # defined". (``builder.infer_subclass_type``, torch 2.13.)
+    infer = builder.infer_subclass_type
+
+    def infer_subclass_type(value):
+        return None if type(value) is TpuTensor else infer(value)
+
+    builder.infer_subclass_type = infer_subclass_type
     # LSTM/GRU are traced into the graph rather than graph-broken, as TorchTPU does
     # (process-wide Dynamo config, set at the first tpu compile).
     torch._dynamo.config.allow_rnn = True

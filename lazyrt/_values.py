@@ -105,10 +105,13 @@ def new_tensor(v, spec: tuple | None = None) -> TpuTensor:
 def host_to_device(c: torch.Tensor):
     """The one host->device transfer: a CPU tensor to a tracked jax.Array.
 
-    NOTE: under enable_x64, or JAX would silently truncate int64/float64 to 32 bits.
+    NOTE: under enable_x64, or JAX would silently truncate int64/float64 to 32 bits; and
+    from a copy: XLA:CPU keeps the numpy buffer it is given (``may_alias=False`` does not
+    stop it, jax 0.10.2), so a later in-place write to the CPU tensor changed the tpu one.
     """
+    host = np.array(_dtypes.torch_to_numpy(c.detach().cpu().contiguous()), copy=True)
     with _X64(True):
-        arr = jax.device_put(_dtypes.torch_to_numpy(c.detach().cpu().contiguous()))
+        arr = jax.device_put(host)
     memory.track(arr)
     COUNTERS["transfers_to_device"] += 1
     return arr

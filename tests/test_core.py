@@ -245,3 +245,12 @@ def test_plan_cache_eviction_keeps_recent_plans():
     for k in range(limit + 3):
         _plan.remember(plans, k, object())
     assert len(plans) == limit and (limit + 2) in plans and 0 not in plans
+
+
+def test_a_tpu_copy_never_aliases_the_cpu_tensor(mode):
+    c = torch.zeros(4096)
+    t = c.to("tpu")
+    c.add_(1)  # an in-place write to the CPU source after the copy
+    u = torch.tensor([1.0, 2.0]).to("tpu") * 1
+    assert t.cpu().abs().sum().item() == 0.0
+    assert u.cpu().tolist() == [1.0, 2.0]

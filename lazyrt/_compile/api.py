@@ -1,9 +1,10 @@
 """``torch.compile`` picks the ``"tpu"`` backend for tpu work (TorchTPU's rule).
 
 * ``backend`` not given: a module (or ``module.compile()``) whose parameters or buffers
-  are on tpu when ``torch.compile`` is called compiles with ``"tpu"``; a plain function
-  decides at each call, from its arguments (tpu tensors: ``"tpu"``, else PyTorch's
-  default backend, each compiled on first use).
+  are on tpu when ``torch.compile`` is called compiles with ``"tpu"``; a function decides
+  at each call, from its arguments and, for ``opt.step``, the optimizer's parameters
+  (tpu tensors: ``"tpu"``, each variant compiled on first use); a function that reaches
+  tpu tensors only through globals or closures is routed by its graph's inputs.
 * ``"tpu"`` compiles static shapes: ``dynamic`` defaults to False, ``dynamic=True`` is an
   error (each new shape compiles its own graph, as Dynamo decides, up to its recompile
   limit, which ``TORCH_LOGS=recompiles`` shows).
@@ -54,6 +55,27 @@ def _module_on_tpu(mod) -> bool:
     return False
 
 
+def _owner_on_tpu(fn) -> bool:
+    """A bound method of an optimizer whose parameters are on tpu (``opt.step``)."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.optim.Optimizer):
+        for group in owner.param_groups:
+            for p in group["params"]:
+                return p.device.type == _TPU
+    return False
+
+
+def _auto(gm, example_inputs, **kwargs):
+    """The backend when nothing showed tpu tensors at ``torch.compile`` or call time (a
+    function reaching tpu tensors through globals or closures): Dynamo has lifted them
+    as graph inputs, so the graph's inputs decide."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == _TPU for x in example_inputs):
+        return _tpu()(gm, example_inputs, **kwargs)
+    from torch._dynamo.backends.registry import lookup_backend
+
+    return lookup_backend("inductor")(gm, example_inputs, **kwargs)
+
+
 def _has_tpu(args, kwargs) -> bool:
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
@@ -95,9 +117,11 @@ def _per_call(orig, fn, backend, dynamic, kwargs):
     """A function: the backend follows its arguments, each compiled on first use."""
     compiled: dict = {}
 
+    owner_tpu = _owner_on_tpu(fn)
+
     @functools.wraps(fn)
     def run(*args, **kw):
-        tpu = _has_tpu(args, kw)
+        tpu = owner_tpu or _has_tpu(args, kw)
         if tpu and backend == "inductor":
             raise _inductor_error()
         f = compiled.get(tpu)
@@ -105,7 +129,7 @@ def _per_call(orig, fn, backend, dynamic, kwargs):
             if tpu:
                 f = orig(fn, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **kwargs)
             else:
-                f = orig(fn, backend=backend, dynamic=dynamic, **kwargs)
+                f = orig(fn, backend=backend or _auto, dynamic=dynamic, **kwargs)
             compiled[tpu] = f
         return f(*args, **kw)
 

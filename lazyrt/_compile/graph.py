@@ -28,7 +28,7 @@ from .._ir import Prog
 from .._plan import make_plan
 from .._resolve import resolve
 from .._tensor import Storage, TpuTensor
-from .._values import concrete, new_tensor, run
+from .._values import concrete, host_to_device, new_tensor, run
 from ..metrics import COUNTERS
 
 _X64 = jax.enable_x64
@@ -64,6 +64,13 @@ class Unsupported(Exception):
     """The graph cannot run as one lazyrt program; it runs eagerly."""
 
 
+def _is_check(node) -> bool:
+    """``with_effects(token, aten._linalg_check_errors, info, ...)``: PyTorch's linalg error
+    check, an effect in AOT graphs."""
+    return (node.target is torch.ops.higher_order.with_effects
+            and node.args[1] is torch.ops.aten._linalg_check_errors.default)
+
+
 def _check_graph(gm) -> str | None:
     """Why ``gm`` must run eagerly, or None."""
     for node in gm.graph.nodes:
@@ -73,6 +80,8 @@ def _check_graph(gm) -> str | None:
             return f"{node.op} node {node.name}"
         t = node.target
         if t is operator.getitem:
+            continue
+        if _is_check(node):
             continue
         if not isinstance(t, OpOverload):
             return f"{t} ({node.name}) is not an ATen op"
@@ -125,18 +134,30 @@ class GraphProgram:
 
 
 class _GraphPlan:
-    """One input signature of a graph: its Prog and how to wrap the outputs."""
+    """One input signature of a graph: its Prog, the host work around it, and how to
+    wrap the outputs.
+
+    Node values are refs: ``("in", i)`` graph input i, ``("node", k)`` device step k,
+    ``("host", k)`` host step k (CPU work on CPU inputs, e.g. the optimizer's step
+    counters: run on the CPU at each call, as eager does), ``("hostv", j)`` host value j
+    as a device input, ``("const", c)`` device constant c, ``("cpu", t)`` a CPU constant,
+    ``("py", v)`` a Python value, ``("get", ref, idx)`` one output of a multi-output op.
+    """
 
     def __init__(self, gp: GraphProgram, args, vals, scal):
         gm = gp.gm
         n_arr, n_f = len(vals), len(scal)
         tpl = template(list(args), True)
-        consts: list = []  # device arrays the graph reads (constants), after the inputs
-        env: dict = {}  # node -> ("in", i) | ("node", k) | ("get", ref, idx) | ("cpu", tensor)
+        self.consts: list = []  # device arrays the graph reads (constants)
+        self.host_steps: list = []  # (op, args, kwargs) over refs
+        self.host_inputs: list = []  # host refs fed to the device program, per call
+        self.checks: list = []  # linalg error checks, run on the host after the program
+        env: dict = {}
         steps: list = []  # (plan, input refs, floats, random)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, node in enumerate(placeholders):
             env[node] = ("in", i)
+        self.host_in = {i for i, n in enumerate(placeholders) if not _is_tpu_meta(_meta_val(n))}
         out_node = None
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -145,45 +166,59 @@ class _GraphPlan:
                 out_node = node
                 break
             if node.op == "get_attr":
-                env[node] = self._constant(getattr(gm, node.target), consts)
+                env[node] = self._constant(getattr(gm, node.target))
                 continue
             if node.target is operator.getitem:
                 src, idx = node.args
                 env[node] = ("get", env[src], idx)
                 continue
-            folded = self._fold_cpu(node, env)
-            if folded is not None:
-                env[node] = folded
+            if _is_check(node):
+                # NOTE: the check reads its info values on the host after the program ran
+                # (a sync, as in eager); its effect token is None at run time.
+                _, op, info, *rest = node.args
+                self.checks.append((resolve(op).fn, env[info], _meta_val(info), rest,
+                                    dict(node.kwargs)))
+                env[node] = ("py", (None, None))
+                continue
+            host = self._host_node(node, env)
+            if host is not None:
+                env[node] = host
                 continue
             env[node] = ("node", len(steps))
-            steps.append(self._step(node, env, consts))
-        self.n_arr, self.n_f, self.n_consts = n_arr, n_f, len(consts)
-        self.consts = consts
+            steps.append(self._step(node, env))
+        consts = self.consts
         self.n_random = sum(1 for s in steps if s[3])
-        outs = out_node.args[0]
-        # Graph outputs: the prog's outputs (tensors made by the graph), the inputs
-        # themselves (returned as they are: exact aliasing), constants.
+        # Graph outputs: the prog's outputs (tensors made on the device), the inputs
+        # themselves (returned as they are: exact aliasing), host values, constants.
         self.outs = []
         prog_outs = []
-        for o in outs:
-            if isinstance(o, torch.fx.Node) and o.op == "placeholder":
-                self.outs.append(("input", placeholders.index(o)))
-            elif isinstance(o, torch.fx.Node):
+        for o in out_node.args[0]:
+            ref = env.get(o) if isinstance(o, torch.fx.Node) else ("py", o)
+            if ref[0] == "in":
+                self.outs.append(("input", ref[1]))
+            elif self._is_host(ref) or ref[0] in ("cpu", "py"):
+                self.outs.append(("host", ref))
+            else:
                 v = _meta_val(o)
                 if not _is_tpu_meta(v):
                     raise Unsupported(f"graph output {o.name} is not a tpu tensor")
                 self.outs.append(("prog", len(prog_outs), _out_spec(v)))
-                prog_outs.append(env[o])
-            else:
-                self.outs.append(("const", o))
-        out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for _, _, s in
-                          (x for x in self.outs if x[0] == "prog"))
-        n_in = n_arr + len(consts)
+                prog_outs.append(ref)
+        self.check_outs = []
+        for _, ref, v, _, _ in self.checks:
+            self.check_outs.append((len(prog_outs), _out_spec(v)))
+            prog_outs.append(ref)
+            self.outs.append(("checked", _out_spec(v)))
+        out_avals = tuple((x[-1][0], _dtypes.to_jax(x[-1][2])) for x in self.outs
+                          if x[0] in ("prog", "checked"))
+        self.outs = [x for x in self.outs if x[0] != "checked"]
+        n_c, n_h = len(consts), len(self.host_inputs)
+        n_in = n_arr + n_c + n_h
 
         def graph_fn(*flat):
-            arrs = iter(flat[:n_in])
-            inputs = rebuild(tpl, arrs, iter(flat[n_in:n_in + n_f]))
-            const_vals = list(flat[n_arr:n_in])
+            inputs = rebuild(tpl, iter(flat[:n_arr]), iter(flat[n_in:n_in + n_f]))
+            const_vals = flat[n_arr:n_arr + n_c]
+            host_vals = flat[n_arr + n_c:n_in]
             seeds = iter(flat[n_in + n_f:])
             results = []
 
@@ -195,6 +230,8 @@ class _GraphPlan:
                     return results[ref[1]]
                 if kind == "const":
                     return const_vals[ref[1]]
+                if kind == "hostv":
+                    return host_vals[ref[1]]
                 if kind == "get":
                     return value(ref[1])[ref[2]]
                 return ref[1]  # "py": a Python value
@@ -211,49 +248,56 @@ class _GraphPlan:
 
     # ---- building ----------------------------------------------------------------------
 
-    @staticmethod
-    def _constant(value, consts):
+    def _constant(self, value):
         if isinstance(value, TpuTensor):
-            consts.append(concrete(value))
-            return ("const", len(consts) - 1)
+            self.consts.append(concrete(value))
+            return ("const", len(self.consts) - 1)
         if isinstance(value, torch.Tensor):
             return ("cpu", value)
         return ("py", value)
 
-    @staticmethod
-    def _fold_cpu(node, env):
-        """A node computing on CPU constants only (a lifted index list): run it now."""
+    def _is_host(self, ref) -> bool:
+        kind = ref[0]
+        if kind == "get":
+            return self._is_host(ref[1])
+        return kind in ("host", "cpu", "py") or (kind == "in" and ref[1] in self.host_in)
+
+    def _host_node(self, node, env):
+        """A node computing on the host (CPU inputs, CPU output): its ref, folded to a
+        constant when its inputs are constants; None for a device node."""
         v = _meta_val(node)
         flat = v if isinstance(v, (list, tuple)) else [v]
         if any(_is_tpu_meta(x) for x in flat):
             return None
-        leaves = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
-        if not all(env[a][0] == "cpu" for a in leaves if isinstance(a, torch.fx.Node)):
-            raise Unsupported(f"{node.name} computes on the host inside the graph")
+        ins = [a for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+               if isinstance(a, torch.fx.Node)]
+        if not all(self._is_host(env[a]) for a in ins):
+            raise Unsupported(f"{node.name} moves device values to the host inside the graph")
+        def ref(a):
+            return _HostRef(env[a]) if isinstance(a, torch.fx.Node) else a
 
-        def real(a):
-            return env[a][1] if isinstance(a, torch.fx.Node) else a
+        args = torch.fx.node.map_aggregate(node.args, ref)
+        kwargs = torch.fx.node.map_aggregate(node.kwargs, ref)
+        if all(env[a][0] in ("cpu", "py") for a in ins):
+            return ("cpu", node.target(*_host_args(args, {}, ()), **_host_args(kwargs, {}, ())))
+        self.host_steps.append((node.target, args, kwargs))
+        return ("host", len(self.host_steps) - 1)
 
-        args = torch.fx.node.map_aggregate(node.args, real)
-        kwargs = torch.fx.node.map_aggregate(node.kwargs, real)
-        return ("cpu", node.target(*args, **kwargs))
-
-    @staticmethod
-    def _step(node, env, consts):
+    def _step(self, node, env):
         op = node.target
         e = resolve(op)
         if e.fn is None or e.data_dependent or e.mut:
             raise Unsupported(f"{op} ({e.resolution.how}) cannot be part of a compiled program")
-
         abstract_refs: dict = {}
 
         def abstract(a):
             if isinstance(a, torch.fx.Node):
                 ref = env[a]
-                if ref[0] == "cpu":
+                if ref[0] in ("cpu", "py"):
                     return ref[1]
-                if ref[0] == "py":
-                    return ref[1]
+                if ref[0] == "host" or (ref[0] == "get" and self._is_host(ref)):
+                    self.host_inputs.append(ref)
+                    ref = ("hostv", len(self.host_inputs) - 1)
                 v = _meta_val(a)
                 if not isinstance(v, torch.Tensor):
                     raise Unsupported(f"{a.name} is not a tensor")
@@ -286,16 +330,22 @@ class _GraphPlan:
             if id(v) in abstract_refs:
                 refs.append(abstract_refs[id(v)][1])
             else:  # a CPU tensor argument, moved to the device once
-                consts.append(v)
-                refs.append(("const", len(consts) - 1))
+                self.consts.append(v)
+                refs.append(("const", len(self.consts) - 1))
         return plan, tuple(refs), tuple(scal), e.random
 
     # ---- running -----------------------------------------------------------------------
 
     def call(self, args, vals, scal):
-        inputs = vals + self.consts
+        host: list = []
+        for op, a, kw in self.host_steps:
+            host.append(op(*_host_args(a, host, args), **_host_args(kw, host, args)))
+        hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
+        inputs = vals + self.consts + hv
         scal = scal + [_rng.next_seed() for _ in range(self.n_random)]
         outs = run(self.prog, inputs, scal)
+        for (fn, _, _, rest, kw), (k, spec) in zip(self.checks, self.check_outs):
+            fn(concrete(new_tensor(outs[k], spec)), *rest, **kw)
         res = []
         for o in self.outs:
             kind = o[0]
@@ -304,8 +354,39 @@ class _GraphPlan:
             elif kind == "input":
                 res.append(args[o[1]])
             else:
-                res.append(o[1])
+                res.append(_host_value(o[1], host, args))
         return res
+
+
+def _host_value(ref, host, args):
+    kind = ref[0]
+    if kind == "host":
+        return host[ref[1]]
+    if kind == "in":
+        return args[ref[1]]
+    if kind == "get":
+        return _host_value(ref[1], host, args)[ref[2]]
+    return ref[1]  # "cpu" / "py"
+
+
+class _HostRef:
+    """A node value in a host step's arguments."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+
+def _host_args(a, host, args):
+    """Host-step arguments: refs replaced by their values."""
+    if type(a) is _HostRef:
+        return _host_value(a.ref, host, args)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_host_args(x, host, args) for x in a)
+    if isinstance(a, dict):
+        return {k: _host_args(v, host, args) for k, v in a.items()}
+    return a
 
 
 def _out_spec(v) -> tuple:

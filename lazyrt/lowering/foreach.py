@@ -42,6 +42,12 @@ for _name, _f in _BINARY.items():
     for _ov in _packet.overloads():
         lower(getattr(_packet, _ov))(named(_fe, f"_foreach_{_name}"))
 
+
+@lower(aten._foreach_pow.ScalarAndTensor, replace=True)
+def _foreach_pow_scalar_and_tensor(self, exponent):
+    """``scalar ** tensor`` for each tensor (torch.optim's compiled Adam bias correction)."""
+    return [pw.pow_(self, e) for e in exponent]
+
 _UNARY = ["sqrt", "exp", "log", "neg", "abs", "sign", "sigmoid", "tanh", "reciprocal", "sin",
           "cos", "floor", "ceil", "round", "trunc", "frac", "log1p", "expm1", "erf", "rsqrt", "zero"]
 for _name in _UNARY:
