@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_model_families import FAMILIES, STEPS, check_family
 
 import lazyrt
-from test_model_families import FAMILIES, STEPS, check_family
 
 CI_SAMPLE = ("gpt2", "resnet", "lstm", "moe")
 # MoE routes tokens with data-dependent shapes (nonzero): Dynamo splits it into more
