@@ -21,7 +21,7 @@ import time
 
 from .workloads import ATTENTION_SHAPES, WORKLOADS
 
-ALL_MODES = ("strict", "defer", "cpu")
+ALL_MODES = ("strict", "defer", "compiled", "compiled_step", "cpu")
 DEFAULT_ORDER = ["ew_chain", "tiny_ops", "mlp_train", "adamw_many", "adamw_many_foreach",
                  "gpt_train", "gpt_infer", "attention"]
 TRAINING = ("mlp_train", "adamw_many", "adamw_many_foreach", "gpt_train")
@@ -212,6 +212,12 @@ def summarize(row: dict, by_mode: dict) -> dict:
     sm, dm, cm = g("strict", "median_ms"), g("defer", "median_ms"), g("cpu", "median_ms")
     s["speedup_defer_vs_strict"] = sm / dm if sm and dm else None
     s["speedup_defer_vs_cpu"] = cm / dm if cm and dm else None
+    for c in ("compiled", "compiled_step"):
+        cc = g(c, "median_ms")
+        if c in by_mode:
+            s[f"speedup_{c}_vs_strict"] = sm / cc if sm and cc else None
+    for m in by_mode:
+        s[f"{m}_host_ms"] = g(m, "host_ms")
     for m in ("strict", "defer"):
         if m in by_mode:
             s[f"{m}_hbm_peak_bytes"] = g(m, "hbm_peak_bytes")
@@ -304,6 +310,14 @@ def format_table(summary: list[dict], modes: list[str]) -> str:
                        for i, (x, w) in enumerate(zip(r, widths))) for r in [head] + rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = ["\n".join(lines)]
+    host = []
+    for s_ in summary:
+        hs = ", ".join(f"{m} {_f(s_.get(f'{m}_host_ms'))}" for m in modes
+                       if s_.get(f"{m}_host_ms") is not None)
+        if hs:
+            host.append(f"  {s_['label']}: {hs}")
+    if host:
+        out.append("host ms per step (CPU time of the issuing thread):\n" + "\n".join(host))
     tiny = next((s for s in summary if s["workload"] == "tiny_ops"), None)
     if tiny:
         per = ", ".join(f"{m} {_f(tiny.get(f'{m}_us_per_op'), '{:.1f}')} us"
@@ -345,7 +359,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None,
                     help=f"comma-separated workloads (default all): {', '.join(DEFAULT_ORDER)}")
-    ap.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated: strict,defer,cpu")
+    ap.add_argument("--modes", default=",".join(ALL_MODES),
+                    help="comma-separated: strict,defer,compiled,compiled_step,cpu "
+                         "(compiled: torch.compile of the model on defer; compiled_step: "
+                         "the optimizer step too)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 3)")
     ap.add_argument("--warmup", type=int, default=None,
                     help="warm-up steps including the compile step (default 8; quick 2)")

@@ -51,6 +51,18 @@ class Workload:
     def describe(self) -> str:
         return ""
 
+    def compile(self, step: bool) -> bool:
+        """``torch.compile`` what this workload runs: its model (and, with ``step``, the
+        optimizer step). Returns False where there is nothing to compile."""
+        did = False
+        if getattr(self, "model", None) is not None:
+            self.model = torch.compile(self.model)
+            did = True
+        if step and getattr(self, "opt", None) is not None:
+            self.opt.step = torch.compile(self.opt.step)
+            did = True
+        return did
+
 
 # ---------------------------------------------------------------------------
 
@@ -100,6 +112,10 @@ class EwChain(Workload):
         self.out = self._chain(self.x)
         _sync(self.device)
 
+    def compile(self, step):
+        self._chain = torch.compile(self._chain)
+        return True
+
     def probe(self):
         return float(self.out.double().sum().item()) if self.device == "cpu" else float(
             self.out.sum().item())
@@ -122,14 +138,19 @@ class TinyOps(Workload):
         self.b = torch.full((4, 4), 0.001).to(device)
         self.out = None
 
-    def step(self):
-        y = self.x
-        a, b = self.a, self.b
+    def _ops(self, y, a, b):
         for _ in range(self.ops_per_step // 2):
             y = y * a
             y = y + b
-        self.out = y
+        return y
+
+    def step(self):
+        self.out = self._ops(self.x, self.a, self.b)
         _sync(self.device)
+
+    def compile(self, step):
+        self._ops = torch.compile(self._ops)
+        return True
 
     def probe(self):
         return float(self.out.sum().item())
@@ -328,13 +349,21 @@ class Attention(Workload):
         self.k = _rand(*shape, scale=s).to(device).requires_grad_(True)
         self.v = _rand(*shape).to(device).requires_grad_(True)
 
+    @staticmethod
+    def _loss(q, k, v):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return (o * o).mean()
+
     def step(self):
         for t in (self.q, self.k, self.v):
             t.grad = None
-        o = F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=True)
-        loss = (o * o).mean()
+        loss = self._loss(self.q, self.k, self.v)
         loss.backward()
         return loss.item()
+
+    def compile(self, step):
+        self._loss = torch.compile(self._loss)
+        return True
 
     def probe(self):
         return float(self.q.grad.sum().item())

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = ["ew_chain", "mlp_train"]
-MODES = ["strict", "defer", "cpu"]
+MODES = ["strict", "defer", "compiled", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,8 @@ def report(tmp_path_factory):
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.pop("TORCH_TPU_MODE", None)
     cmd = [sys.executable, "-m", "perf", "--quick", "--only", ",".join(WORKLOADS),
-           "--steps", "2", "--warmup", "2", "--threads", "1", "--json", str(out)]
+           "--steps", "2", "--warmup", "2", "--threads", "1", "--modes", ",".join(MODES),
+           "--json", str(out)]
     p = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, f"python -m perf failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
