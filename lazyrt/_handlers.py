@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import _fallback, _values, memory
+from . import _dtypes, _fallback, _values, memory
 from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
 from ._tensor import TpuTensor, contiguous_spec
-from ._values import new_tensor, run, value, write
+from ._values import new_tensor, run, write
 from .metrics import COUNTERS
 
 aten = torch.ops.aten
@@ -80,7 +80,10 @@ def view(e, args, kwargs):
     key = ("view", base._spec, rest, kw)
     plan = e.plans.get(key)
     if plan is None:
-        plan = make_plan(e, args, kwargs, [value(base)], [], fold=False)
+        # NOTE: the plan needs the base's aval only; reading its value would record (defer)
+        # or run (strict) the view chain for nothing, and only on this first call.
+        aval = jax.ShapeDtypeStruct(tuple(base.shape), _dtypes.to_jax(base.dtype))
+        plan = make_plan(e, args, kwargs, [aval], [], fold=False)
         remember(e.plans, key, plan)
     st = base._st
     if e.packet in _IDENTITY_VIEWS:
