@@ -29,7 +29,12 @@ def _is_tpu(x):
 
 
 def _cpu(x):
-    return x.detach().cpu().clone() if _is_tpu(x) else x
+    """The CPU twin of an op argument: tensors copied, ``device=tpu`` (factories) -> cpu."""
+    if _is_tpu(x):
+        return x.detach().cpu().clone()
+    if isinstance(x, torch.device) and x.type == "tpu":
+        return torch.device("cpu")
+    return x
 
 
 def _differs(got, ref, rtol, atol):
@@ -57,7 +62,7 @@ class OpCompare(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = "aten." + func.name().split("::")[-1]
+        name = str(func)  # aten.gelu.default
         flat, _ = tree_flatten((args, kwargs))
         check = any(_is_tpu(x) for x in flat) and not _SKIP.search(name)
         cpu_args = cpu_kwargs = None
@@ -78,7 +83,7 @@ class OpCompare(TorchDispatchMode):
             worst = None
             for g, r in zip(gots, refs):
                 if isinstance(r, torch.Tensor) and isinstance(g, torch.Tensor):
-                    d = _differs(_cpu(g), r, self.rtol, self.atol)
+                    d = _differs(_cpu(g), _cpu(r), self.rtol, self.atol)
                     if d is not None:
                         worst = d if worst is None else max(worst, d)
             if worst is not None:

@@ -51,6 +51,7 @@ XFAIL: dict[str, str] = {
     "qwen3_moe": _GROUPED_MM,
     "olmoe": _GROUPED_MM,
     "beit": "needs aten.upsample_bilinear2d_backward (relative position bias interpolation)",
+    "segformer": "needs aten.upsample_bilinear2d_backward (decode head)",
     "wav2vec2": _WEIGHT_NORM,
     "hubert": _WEIGHT_NORM,
 }
@@ -112,6 +113,28 @@ def test_hf_model_sample(name, mode):
 @pytest.mark.parametrize("name,mode", _params(ARCHS))
 def test_hf_model(name, mode):
     check_hf(name, mode)
+
+
+def test_a_wrong_lowering_is_named():
+    """A model that does not match names the ATen op at fault: break one lowering (GELU
+    lowered as ReLU) and check BERT's failure message."""
+    import jax
+
+    from lazyrt import _dispatch  # the op's dispatch entry holds the lowering it runs
+
+    entry = _dispatch.resolve(torch.ops.aten.gelu.default)
+    fn = entry.fn
+    entry.fn = lambda self, approximate="none": jax.nn.relu(self)
+    entry.plans.clear()
+    try:
+        with pytest.raises(AssertionError) as info:
+            check_hf("bert", "strict")
+    finally:
+        entry.fn = fn
+        entry.plans.clear()
+    msg = str(info.value)
+    assert "ATen op(s) differing from CPU eager: aten.gelu.default" in msg, msg
+    assert "forward output" in msg
 
 
 def test_zoo_covers_the_kinds():
