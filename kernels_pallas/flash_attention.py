@@ -185,7 +185,7 @@ def supports_attention(
             tuple(q_shape), tuple(k_shape), tuple(v_shape), dtype, dtype, dtype,
             None if mask_shape is None else tuple(mask_shape), mask_dtype,
         )
-    except Exception:  # noqa: BLE001 - a predicate must never raise
+    except Exception:
         return False
     return True
 
@@ -275,11 +275,11 @@ def _fwd_kernel(*refs: Any, cfg: _Config, has_bias: bool) -> None:
         jnp.zeros((bq,), jnp.float32),
     )
     upper = _causal_kv_blocks(qi, bq, bk, n_kv) if cfg.causal else n_kv
-    acc, m, l = lax.fori_loop(0, upper, body, init)
-    empty = l == 0.0  # every key masked: output 0 (documented), no 0/0
-    o_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(o_ref.dtype)
+    acc, m, denom = lax.fori_loop(0, upper, body, init)
+    empty = denom == 0.0  # every key masked: output 0 (documented), no 0/0
+    o_ref[...] = (acc / jnp.where(empty, 1.0, denom)[:, None]).astype(o_ref.dtype)
     # NOTE: +inf logsumexp for an empty row makes the backward's exp(s - lse) exactly 0.
-    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+    lse_ref[...] = jnp.where(empty, jnp.inf, m + jnp.log(jnp.where(empty, 1.0, denom)))
 
 
 def _dq_kernel(*refs: Any, cfg: _Config, has_bias: bool) -> None:

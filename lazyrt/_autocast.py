@@ -54,10 +54,10 @@ def _kernel(op, to_low: bool):
     def kernel(*args, **kwargs):
         if to_low:
             dtype = torch.get_autocast_dtype("tpu")
-            want = lambda t: t.dtype == torch.float32  # noqa: E731
+            want = lambda t: t.dtype == torch.float32
         else:
             dtype = torch.float32
-            want = lambda t: t.dtype in (torch.float16, torch.bfloat16)  # noqa: E731
+            want = lambda t: t.dtype in (torch.float16, torch.bfloat16)
         args = _cast(args, dtype, want)
         kwargs = {k: _cast(v, dtype, want) for k, v in kwargs.items()}
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):

@@ -61,6 +61,11 @@ class Config:
     max_pending_ops: int = 10_000
     # size of the LRU cache of compiled defer executables.
     cache_size: int = 1024
+    # size of the LRU cache of compiled strict-mode executables (one per op signature).
+    strict_cache_size: int = 4096
+    # plans kept per ATen op (one per input signature) and view/write-through programs
+    # kept; the oldest is dropped when a new one would pass the bound.
+    plan_cache_size: int = 512
     cache_dir: str | None = None
     explain_recompile: bool = False
     debug_compare: bool = False
@@ -73,7 +78,7 @@ class Config:
     host_malloc_cache: bool = True
 
     @classmethod
-    def from_env(cls) -> "Config":
+    def from_env(cls) -> Config:
         pallas = os.environ.get("LAZYRT_PALLAS", "auto").strip().lower() or "auto"
         if pallas not in ("auto", "on", "off"):
             raise ValueError(f"lazyrt: LAZYRT_PALLAS={pallas!r} must be one of 'auto', 'on', 'off'")
@@ -81,6 +86,8 @@ class Config:
             mode=_env_mode(),
             max_pending_ops=_env_int("LAZYRT_MAX_PENDING_OPS", 10_000),
             cache_size=_env_int("LAZYRT_CACHE_SIZE", 1024),
+            strict_cache_size=_env_int("LAZYRT_STRICT_CACHE_SIZE", 4096),
+            plan_cache_size=_env_int("LAZYRT_PLAN_CACHE_SIZE", 512),
             cache_dir=os.environ.get("LAZYRT_CACHE_DIR") or None,
             explain_recompile=_env_bool("LAZYRT_EXPLAIN_RECOMPILE"),
             debug_compare=_env_bool("LAZYRT_DEBUG_COMPARE"),

@@ -1,18 +1,25 @@
 """DeferAndFuse: record Progs into a pending trace; flush it as ONE computation.
 
 Recording appends a node and folds its structural key (prog uid, input wiring,
-leaf avals) into a running hash, so the cache key of a flush costs O(1) per op
+leaf avals) into a running hash, so finding a flush's executable costs O(1) per op
 and never looks at data. Device-data leaves are keyed by shape and dtype only;
 Python float scalars and RNG seeds are runtime inputs (one float64 vector), so
-a changing learning rate or a fresh random draw compiles nothing new.
+a changing learning rate or a fresh random draw compiles nothing new. A cache hit
+is then checked against the trace itself (the same progs, input wiring and leaf
+avals), so two traces whose hashes collide never share an executable.
 
 At a flush every storage still holding a pending value of the trace (a live
 tensor) becomes an output; nothing else is materialized. A leaf whose storage
 was overwritten in the trace and that nobody else references is donated.
+
+Threads: there is one pending trace per process, guarded by ``LOCK``. The
+dispatcher holds it for the whole of every op in defer mode (recording, storage
+registration, write-back) and a flush holds it from start to end, so an op is
+never split by another thread's flush. ``record`` and ``note_storage`` expect the
+caller to hold it.
 """
 from __future__ import annotations
 
-import difflib
 import hashlib
 import sys
 import threading
@@ -27,32 +34,12 @@ from jax._src.lax.lax import _convert_element_type
 
 from . import _source, _xla, memory
 from ._config import config
-from ._ir import Pending, aval_nbytes
-from .memory import MemoryAnalysis
-from .metrics import COUNTERS
+from ._ir import Pending, Prog, aval_nbytes
+from ._trace import _MASK, _SHIFT, Trace, describe, explain, graph_text  # noqa: F401  (re-exported)
+from .metrics import COUNTERS, register_gauge
 
 LOCK = threading.RLock()
 _X64 = jax.enable_x64
-_SHIFT = 20
-_MASK = (1 << _SHIFT) - 1
-
-
-class Trace:
-    __slots__ = ("nodes", "refs", "h", "leaves", "leaf_index", "scalars", "storages",
-                 "overwritten", "done", "srcs", "__weakref__")
-
-    def __init__(self):
-        self.nodes: list = []  # Prog per node
-        self.refs: list = []  # input refs per node (tuple of ints)
-        self.h = 0  # running structural hash
-        self.leaves: list = []  # materialized inputs (jax arrays)
-        self.leaf_index: dict = {}  # id(array) -> leaf number
-        self.scalars: list = []  # runtime scalars, flat
-        # id(storage) -> weak ref, for each storage that got a pending value of this trace
-        self.storages: dict = {}
-        self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
-        self.done = False
-        self.srcs: list = []  # user source line per node (when recorded)
 
 
 _trace = Trace()
@@ -68,8 +55,12 @@ def pending_count() -> int:
     return len(_trace.nodes)
 
 
-def record(prog, inputs, scalars):
-    """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings."""
+register_gauge("pending_ops", pending_count)
+
+
+def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
+    """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
+    The caller holds ``LOCK``."""
     tr = _trace
     if len(tr.nodes) >= config.max_pending_ops:
         # NOTE: checked before recording, while this op's inputs are still held by
@@ -94,7 +85,9 @@ def record(prog, inputs, scalars):
             li = len(tr.leaves)
             tr.leaf_index[k] = li
             tr.leaves.append(v)
-            h = hash((h, -1, v.shape, v.dtype))
+            aval = (v.shape, v.dtype)
+            tr.leaf_avals.append(aval)
+            h = hash((h, -1, aval))
         refs.append(-li - 1)
     refs = tuple(refs)
     n = len(tr.nodes)
@@ -110,8 +103,12 @@ def record(prog, inputs, scalars):
 
 
 def note_storage(st, old) -> None:
-    """``st`` now holds a pending value; ``old`` was its previous value."""
-    tr = _trace
+    """``st`` now holds a pending value (of the current trace); ``old`` was its previous
+    value. The caller holds ``LOCK``, so no flush ran since the value was recorded."""
+    tr = st.value.trace
+    if tr.done:
+        raise RuntimeError("lazyrt: internal error: a storage got a pending value of a trace "
+                           "that was already flushed")
     # NOTE: weakref.ref(st) hands back st's existing ref when it has one; a dead storage
     # whose id was reused is simply replaced.
     tr.storages[id(st)] = weakref.ref(st)
@@ -120,20 +117,52 @@ def note_storage(st, old) -> None:
 
 
 class _Exe:
-    __slots__ = ("compiled", "mem", "desc", "src", "hits", "hlo", "out_nbytes", "largest")
+    """A compiled flush, with the trace structure it was compiled for."""
 
-    def __init__(self, compiled, mem, desc, src, out_avals):
+    __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
+                 "refs", "leaf_avals")
+
+    def __init__(self, compiled, mem, tr: Trace, src, out_avals):
         self.compiled = compiled
         self.mem = mem
-        self.desc = desc
+        self.desc = describe(tr)
         self.src = src
         self.hits = 0
+        self.nodes = list(tr.nodes)
+        self.refs = list(tr.refs)
+        self.leaf_avals = list(tr.leaf_avals)
         # Per-output bytes and the five largest outputs: the same on every run, so worked
         # out once here rather than from the result arrays on each flush.
         sizes = [(aval_nbytes(s, d), tuple(s), str(np.dtype(d))) for s, d in out_avals]
         self.out_nbytes = tuple(b for b, _, _ in sizes)
         self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
                         for b, s, d in sorted(sizes, reverse=True)[:5]]
+
+    def matches(self, tr: Trace) -> bool:
+        """Whether this executable computes ``tr``: the same progs (by identity), the
+        same input wiring and the same leaf avals. (Live outputs and donation are in the
+        cache key itself.) C-level list compares: microseconds for a 1,000-op trace."""
+        return (self.nodes == tr.nodes and self.refs == tr.refs
+                and self.leaf_avals == tr.leaf_avals)
+
+
+def _lookup(key, tr: Trace) -> _Exe | None:
+    bucket = _cache.get(key)
+    if bucket is None:
+        return None
+    for exe in bucket:
+        if exe.matches(tr):
+            return exe
+    COUNTERS["hash_collisions"] += 1
+    return None
+
+
+def _insert(key, exe: _Exe) -> None:
+    bucket = _cache.get(key)
+    if bucket is None:
+        _cache[key] = [exe]
+    else:
+        bucket.append(exe)
 
 
 def _live_outputs(tr: Trace):
@@ -150,6 +179,11 @@ def _live_outputs(tr: Trace):
     refs = sorted({r for r, _ in found})
     pos = {r: i for i, r in enumerate(refs)}
     return [(st, pos[r]) for r, st in found], tuple(refs)
+
+
+def live_output_values(tr: Trace) -> list[Pending]:
+    """The pending values a flush of ``tr`` would materialize."""
+    return [st.value for st, _ in _live_outputs(tr)[0]]
 
 
 def _needed(tr: Trace, out_refs) -> list:
@@ -204,58 +238,20 @@ def _build_fn(tr: Trace, out_refs, donate_mask):
     return fn
 
 
-def _describe(tr: Trace) -> list:
-    out = []
-    for p, refs in zip(tr.nodes, tr.refs):
-        ins = []
-        for r in refs:
-            if r < 0:
-                leaf = tr.leaves[-r - 1]
-                ins.append(f"in{-r - 1}:{tuple(leaf.shape)}:{leaf.dtype}")
-            else:
-                ins.append(f"%{r >> _SHIFT}")
-        out.append(f"{p.name}[{p.desc}]({', '.join(ins)})")
-    return out
-
-
-def _explain(key, tr: Trace, src: str) -> None:
+def _explain(tr: Trace, src: str) -> None:
     if not _cache or _history["compiles"] < 2:
         return
-    desc = _describe(tr)
-    best, best_ratio = None, -1.0
-    for exe in list(_cache.values())[-32:]:
-        r = difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio()
-        if r > best_ratio:
-            best, best_ratio = exe, r
-    lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush triggered at {src})"]
-    if best is None:
-        lines.append("  no cached trace to compare with")
-    else:
-        lines.append(f"  closest cached trace: {len(best.desc)} ops, {best_ratio:.0%} similar "
-                     f"(compiled for the flush at {best.src})")
-        sm = difflib.SequenceMatcher(a=best.desc, b=desc, autojunk=False)
-        shown = 0
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
-            if tag == "equal":
-                continue
-            for k in range(max(i2 - i1, j2 - j1)):
-                old = best.desc[i1 + k] if i1 + k < i2 else "-"
-                new = desc[j1 + k] if j1 + k < j2 else "-"
-                where = tr.srcs[j1 + k] if j1 + k < j2 and j1 + k < len(tr.srcs) else ""
-                lines.append(f"  op {j1 + k}: was {old}\n          now {new}" + (f"  ({where})" if where else ""))
-                shown += 1
-                if shown >= 8:
-                    break
-            if shown >= 8:
-                lines.append("  ...")
-                break
-        if shown == 0:
-            lines.append("  same ops; the set of live outputs or donated inputs differs")
-    print("\n".join(lines), file=sys.stderr)
+    cached = [exe for bucket in list(_cache.values())[-32:] for exe in bucket]
+    print(explain(tr, src, cached), file=sys.stderr)
 
 
 def _hash_hex(key) -> str:
     return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------
+# flush
+# ---------------------------------------------------------------------------
 
 
 def retry(p: Pending) -> None:
@@ -268,6 +264,28 @@ def retry(p: Pending) -> None:
     flush(reason="retry", trace=p.trace)
     if p.result is None:
         raise RuntimeError("lazyrt: a pending value was dead when its trace was flushed")
+
+
+def materialize(p: Pending):
+    """``p``'s array, flushing its trace if it has not run yet."""
+    if p.result is None:
+        with LOCK:
+            if p.result is None:
+                if p.trace.done:
+                    raise RuntimeError("lazyrt: internal error: dead pending value")
+                flush(reason="materialize", trace=p.trace)
+                if p.result is None:
+                    raise RuntimeError("lazyrt: internal error: pending value not materialized "
+                                       "by flush")
+    return p.result
+
+
+def _donation_mask(tr: Trace) -> tuple:
+    # NOTE: donate a leaf only if its storage was overwritten in this trace and nothing
+    # but the trace still references the array (refcount: the leaves list, the loop
+    # variable and getrefcount's argument).
+    ow = tr.overwritten
+    return tuple(id(a) in ow and sys.getrefcount(a) <= 3 for a in tr.leaves)
 
 
 def flush(reason: str = "sync", trace: Trace | None = None) -> None:
@@ -285,18 +303,10 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         t_start = time.perf_counter()
         src = _source.user_line(2)
         outs, out_refs = _live_outputs(tr)
-        n_leaves = len(tr.leaves)
         leaves = tr.leaves
-        # NOTE: donate a leaf only if its storage was overwritten in this trace and
-        # nothing but the trace still references the array (refcount: the leaves list,
-        # the loop variable and getrefcount's argument).
-        donate_mask = []
-        ow = tr.overwritten
-        for a in leaves:
-            donate_mask.append(id(a) in ow and sys.getrefcount(a) <= 3)
-        donate_mask = tuple(donate_mask)
+        donate_mask = _donation_mask(tr)
         key = (tr.h, len(tr.nodes), out_refs, donate_mask)
-        exe = _cache.get(key)
+        exe = _lookup(key, tr)
         hit = exe is not None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
@@ -305,19 +315,14 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         try:
             if exe is None:
                 if config.explain_recompile:
-                    _explain(key, tr, src)
-                t0 = time.perf_counter()
+                    _explain(tr, src)
                 fn = _build_fn(tr, out_refs, donate_mask)
-                with _X64(True), warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                    compiled = _xla.compile(jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal))
-                compile_s = time.perf_counter() - t0
+                compiled, mem, compile_s = _xla.compile_program(
+                    fn, (donated, kept, scal), donate_argnums=(0,))
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
-                exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src, out_avals)
-                _cache[key] = exe
+                exe = _Exe(compiled, mem, tr, src, out_avals)
+                _insert(key, exe)
                 _history["compiles"] += 1
-                COUNTERS["cache_misses"] += 1
-                COUNTERS["compile_seconds"] += compile_s
             else:
                 exe.hits += 1
                 COUNTERS["cache_hits"] += 1
@@ -351,13 +356,10 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         if tr is _trace:
             _trace = Trace()
         tr.done = True
-        pend_res = {}
         for st, k in outs:
-            v = st.value
             res = results[k]
-            v.result = res
+            st.value.result = res
             st.value = res
-            pend_res[k] = res
         n_ops = len(tr.nodes)
         COUNTERS["flushes"] += 1
         COUNTERS["executions"] += 1
@@ -374,23 +376,6 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         if config.mode == "debug":
             for r in results:
                 r.block_until_ready()
-
-
-def graph_text(tr: Trace, only=None) -> str:
-    lines = [f"lazyrt pending trace: {len(tr.nodes)} ops, {len(tr.leaves)} inputs"]
-    for i, leaf in enumerate(tr.leaves):
-        lines.append(f"  in{i}: {tuple(leaf.shape)} {leaf.dtype}")
-    for n, (p, refs) in enumerate(zip(tr.nodes, tr.refs)):
-        if only is not None and not only[n]:
-            continue
-        ins = ", ".join(f"in{-r - 1}" if r < 0 else
-                        (f"%{r >> _SHIFT}" if len(tr.nodes[r >> _SHIFT].out_avals) == 1
-                         else f"%{r >> _SHIFT}.{r & _MASK}") for r in refs)
-        outs = ", ".join(f"{tuple(s)} {d}" for s, d in p.out_avals)
-        src = f"  # {tr.srcs[n]}" if n < len(tr.srcs) else ""
-        static = f"[{p.desc}]" if p.desc else ""
-        lines.append(f"  %{n} = {p.name}{static}({ins}) -> {outs}{src}")
-    return "\n".join(lines)
 
 
 def needed_for(tr: Trace, pendings) -> list:
@@ -410,8 +395,12 @@ def hlo_text(tr: Trace, pendings) -> str:
 
 
 def cache_info() -> dict:
-    return {"entries": len(_cache), "maxsize": _cache.maxsize, "compiles": _history["compiles"],
-            "flushes": _history["flushes"]}
+    return {"entries": sum(len(b) for b in _cache.values()), "maxsize": _cache.maxsize,
+            "compiles": _history["compiles"], "flushes": _history["flushes"]}
+
+
+def clear_cache() -> None:
+    _cache.clear()
 
 
 def set_cache_size(n: int) -> None:

@@ -21,17 +21,17 @@ traced". The one exception is the ``scaled_dot_product_attention`` redirect
 that cannot use the fused op at all (3-D inputs, dropout, a mask needing a grad).
 
 Routing is decided when a lowering is traced, and lazyrt caches plans and
-executables per op signature; change the policy with :func:`set_policy`, which
-drops the cached plans of the routed ops. Assigning ``config.pallas`` directly only
-affects signatures not yet planned.
+executables per op signature; change the policy with ``lazyrt.set_pallas``, which
+flushes pending work and drops the cached plans of the routed ops. Assigning
+``config.pallas`` directly only affects signatures not yet planned.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from ._config import config
 from .metrics import COUNTERS
@@ -39,7 +39,7 @@ from .metrics import COUNTERS
 POLICIES = ("auto", "on", "off")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kp():
     import kernels_pallas
 
@@ -60,12 +60,9 @@ def active() -> bool:
     return False
 
 
-# ---------------------------------------------------------------------------
-# policy changes
-# ---------------------------------------------------------------------------
-
 def routed_ops():
-    """The ATen overloads whose lowerings consult this router."""
+    """The ATen overloads whose lowerings consult this router (a policy change drops
+    their compiled plans: ``lazyrt.set_pallas``)."""
     import torch
 
     aten = torch.ops.aten
@@ -78,46 +75,6 @@ def routed_ops():
         aten._scaled_dot_product_efficient_attention.default,
         aten._scaled_dot_product_efficient_attention_backward.default,
     }
-
-
-def invalidate() -> None:
-    """Drop the cached plans (and so the compiled executables) of the routed ops and
-    of their in-place/out variants, so the next call re-traces under the policy now
-    in force. Existing tensors are unaffected."""
-    from . import _dispatch
-
-    ops = routed_ops()
-    with _dispatch._RESOLVE_LOCK:
-        for op, e in list(_dispatch._ENTRIES.items()):
-            if op in ops or _dispatch._functional_of(op) in ops:
-                e.plans.clear()
-
-
-def set_policy(policy: str) -> str:
-    """Set ``config.pallas`` to ``auto``/``on``/``off``; returns the previous policy.
-
-    Pending deferred work is flushed first (it was recorded under the old policy)."""
-    policy = str(policy).strip().lower()
-    if policy not in POLICIES:
-        raise ValueError(f"lazyrt: pallas policy {policy!r} must be one of {POLICIES}")
-    prev = config.pallas
-    if policy != prev:
-        from . import _device
-
-        _device.sync()
-        config.pallas = policy
-        invalidate()
-    return prev
-
-
-@contextlib.contextmanager
-def policy(p: str):
-    """``with lazyrt._pallas.policy("on"): ...`` sets the policy for the block."""
-    prev = set_policy(p)
-    try:
-        yield
-    finally:
-        set_policy(prev)
 
 
 def no_x64():
@@ -204,3 +161,53 @@ def flash_attention_vjp(g, q, k, v, mask, causal: bool, scale):
         _, vjp = jax.vjp(lambda q_, k_, v_: flash_attention(q_, k_, v_, mask, causal, scale),
                          q, k, v)
         return vjp(g)
+
+
+# ---------------------------------------------------------------------------
+# the SDPA redirect (an AutogradPrivateUse1 kernel, registered by ``_registration``)
+# ---------------------------------------------------------------------------
+
+
+def _sdpa_fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Can this SDPA call be expressed with the overrideable fused op (dtypes and the
+    kernel's shape limits aside: the lowering decides those)?"""
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.dim() == 4
+               for t in ts):
+        return False
+    if not (query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point):
+        return False
+    if dropout_p != 0.0:
+        return False
+    if attn_mask is not None:
+        if is_causal:
+            return False  # PyTorch raises: let the composite kernel say so
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "tpu":
+            return False
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            return False
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+            return False
+    b, hq, L, e = query.shape
+    bk, hk, S, ek = key.shape
+    bv, hv, Sv, ev = value.shape
+    if not (b == bk == bv and e == ek and S == Sv and hk == hv):
+        return False
+    if hq != hk and not (enable_gqa and hq % hk == 0):
+        return False
+    return True
+
+
+def sdpa_autograd_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` on tpu: the fused overrideable op (whose lowering
+    runs the flash kernel) when the kernels are on and the call fits, else PyTorch's
+    composite (math) path."""
+    aten = torch.ops.aten
+    if active():
+        if _sdpa_fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            fused = aten._scaled_dot_product_fused_attention_overrideable.default
+            return fused(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
+        COUNTERS["pallas_fallbacks"] += 1
+    return aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

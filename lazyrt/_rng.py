@@ -8,11 +8,15 @@ input of the computation, never a constant).
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 _MASK64 = (1 << 64) - 1
 _seed = 0
 _offset = 0
+# Threads drawing at once each get their own offset (the += below is not atomic).
+_LOCK = threading.Lock()
 
 
 def manual_seed(seed: int) -> None:
@@ -28,8 +32,10 @@ def initial_seed() -> int:
 def next_seed() -> int:
     """A fresh 63-bit seed for one random op (splitmix64 of seed and offset)."""
     global _offset
-    _offset += 1
-    z = (_seed + _offset * 0x9E3779B97F4A7C15) & _MASK64
+    with _LOCK:
+        _offset += 1
+        offset = _offset
+    z = (_seed + offset * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) >> 1

@@ -1,43 +1,53 @@
 """Strict (and debug) execution: each Prog compiled on its own and run at once.
 
-A Prog is specialized to its input avals already (plans are keyed by input
-shapes and dtypes), so one AOT-compiled executable per Prog is the cache.
+A Prog is specialized to its input avals already (plans are keyed by input shapes
+and dtypes), so one AOT-compiled executable per Prog is the cache. The executables
+are kept in an LRU bounded by ``config.strict_cache_size``: a dynamic-shape workload
+recompiles what it evicted, it never grows without bound.
+
+Every strict execution goes through ``run`` (an op, a view derived on its own, a
+write through a view), so debug mode checks them all.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import jax
 
-from . import _xla, memory
-from .memory import MemoryAnalysis
+from . import _debug, _xla, memory
+from ._config import config
+from ._ir import Prog
 from .metrics import COUNTERS
 
 _X64 = jax.enable_x64
+# Progs that hold a compiled executable, least recently run first.
+_compiled: collections.OrderedDict = collections.OrderedDict()
 
 
-def _compile(prog, arrays, scalars):
-    t0 = time.perf_counter()
-    with _X64(True):
-        lowered = jax.jit(prog.fn).lower(*arrays, *scalars)
-        exe = _xla.compile(lowered)
-    prog.exe = exe
-    prog.mem = MemoryAnalysis.of(exe)
-    COUNTERS["cache_misses"] += 1
-    COUNTERS["compile_seconds"] += time.perf_counter() - t0
-    return exe
+def _compile(prog: Prog, arrays, scalars):
+    exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars))
+    prog.exe, prog.mem = exe, mem
+    _compiled[prog] = None
+    while len(_compiled) > config.strict_cache_size:
+        old, _ = _compiled.popitem(last=False)
+        old.exe = old.mem = None
+    return exe, mem, seconds
 
 
-def run(prog, arrays, scalars, log: bool | None = None):
+def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> list:
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously)."""
-    exe = prog.exe
+    # NOTE: exe and mem are read once: another thread may evict this prog meanwhile.
+    exe, mem = prog.exe, prog.mem
     compile_s = 0.0
-    if exe is None:
-        t0 = time.perf_counter()
-        exe = _compile(prog, arrays, scalars)
-        compile_s = time.perf_counter() - t0
+    if exe is None or mem is None:
+        exe, mem, compile_s = _compile(prog, arrays, scalars)
     else:
         COUNTERS["cache_hits"] += 1
+        try:
+            _compiled.move_to_end(prog)
+        except KeyError:  # evicted by another thread since: keep running the one we hold
+            pass
     live_before = memory._state["live"]
     t0 = time.perf_counter()
     with _X64(True):
@@ -54,13 +64,21 @@ def run(prog, arrays, scalars, log: bool | None = None):
         memory.record_execution(
             mode="strict", name=prog.name, trace_hash=f"{prog.uid:x}", num_ops=1,
             cache_hit=compile_s == 0.0, compile_seconds=compile_s, execute_seconds=dt,
-            analysis=prog.mem, live_before=live_before, passed_bytes=memory.bytes_of(arrays),
+            analysis=mem, live_before=live_before, passed_bytes=memory.bytes_of(arrays),
             t_start=t0)
     else:
-        # The same accounting as record_execution, without the log record (hot path).
-        peak = max(live_before - memory.bytes_of(arrays), 0) + prog.mem.peak_bytes
-        st = memory._state
-        if peak > st["peak"]:
-            st["peak"] = peak
-            st["peak_where"] = prog.name
+        memory.note_computation(live_before, memory.bytes_of(arrays), mem, prog.name)
+    if config.mode == "debug":
+        _debug.check(prog, arrays, scalars, outs)
     return outs
+
+
+def cache_info() -> dict:
+    return {"executables": len(_compiled), "maxsize": config.strict_cache_size}
+
+
+def drop(progs) -> None:
+    """Forget the executables of ``progs`` (their plans were invalidated)."""
+    for p in progs:
+        _compiled.pop(p, None)
+        p.exe = p.mem = None

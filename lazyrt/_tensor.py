@@ -9,15 +9,15 @@ Aliasing is lazyrt's own (not PyTorch's functionalization, see ARCHITECTURE):
 * an in-place op computes the new value functionally and rebinds the storage;
   writing through a view scatters the new value into the base (one helper
   computation), so every other alias sees it on its next read.
+
+This module knows nothing of how ops run: ``lazyrt._dispatch`` installs itself as
+``TpuTensor.__torch_dispatch__`` when it is imported (``import lazyrt`` does that).
 """
 from __future__ import annotations
 
 import torch
 
-from . import _dtypes
-from ._ir import Pending
-
-DEVICE = torch.device("tpu", 0)
+from ._device import DEVICE
 
 
 class Storage:
@@ -26,6 +26,20 @@ class Storage:
     def __init__(self, value):
         self.value = value
         self.version = 0
+
+
+def contiguous_strides(shape) -> tuple:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def contiguous_spec(shape, dtype: torch.dtype) -> tuple:
+    """The spec (shape, strides, dtype, storage offset) of a fresh contiguous tensor."""
+    shape = tuple(shape)
+    return (shape, contiguous_strides(shape), dtype, 0)
 
 
 class TpuTensor(torch.Tensor):
@@ -52,14 +66,12 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        raise RuntimeError("lazyrt: the dispatcher is not installed (import lazyrt)")
 
     # ---- host-side conveniences -------------------------------------------------
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        from ._device import tensor_repr
-
-        return tensor_repr(self)
+        return _repr(self)
 
     __str__ = __repr__
 
@@ -101,6 +113,11 @@ class TpuTensor(torch.Tensor):
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # AOTAutograd (torch.compile) checks each runtime tangent against the plain tensor
+        # it traced with; a tpu tensor is one.
+        return self
+
     @property
     def data(self):
         return self.detach()
@@ -113,7 +130,7 @@ class TpuTensor(torch.Tensor):
                 f"got a tensor on {other.device}")
         self._rebind(other)
 
-    def _rebind(self, other: "TpuTensor") -> None:
+    def _rebind(self, other: TpuTensor) -> None:
         """Make this same Python object alias ``other`` (sizes, strides, storage, view)."""
         torch._C.TensorBase.data.__set__(self, other)
         self._spec = other._spec
@@ -123,27 +140,29 @@ class TpuTensor(torch.Tensor):
         self._cver = other._cver
 
 
-def _dispatch(func, args, kwargs):  # replaced by lazyrt._dispatch at import
-    raise RuntimeError("lazyrt dispatcher not initialized")
+def _repr(t: TpuTensor) -> str:
+    """PyTorch's tensor printing of a CPU copy, with the tpu device and grad suffixes."""
+    from torch import _tensor_str as ts
 
-
-def contiguous_strides(shape) -> tuple:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(out))
-
-
-def from_value(value, dtype: torch.dtype | None = None) -> TpuTensor:
-    """A fresh base tensor holding ``value`` (array or Pending)."""
-    shape = tuple(value.shape)
-    if dtype is None:
-        dtype = _dtypes.to_torch(value.dtype)
-    st = Storage(value)
-    t = TpuTensor((shape, contiguous_strides(shape), dtype, 0), st)
-    if type(value) is Pending:
-        from . import _defer
-
-        _defer.note_storage(st, None)
-    return t
+    prefix = "tensor("
+    indent = len(prefix)
+    suffixes = [f"device='{t.device}'"]
+    with torch.no_grad():
+        c = t.detach().cpu()
+    if c.numel() == 0:
+        if c.dim() != 1:
+            suffixes.append("size=" + str(tuple(c.shape)))
+        body = "[]"
+    else:
+        body = ts._tensor_str(c, indent)
+    default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
+    if t.dtype not in (torch.get_default_dtype(), default_complex, torch.int64, torch.bool):
+        suffixes.append("dtype=" + str(t.dtype))
+    if t.grad_fn is not None:
+        name = type(t.grad_fn).__name__
+        if name == "CppFunction":
+            name = t.grad_fn.name().rsplit("::", 1)[-1]
+        suffixes.append(f"grad_fn=<{name}>")
+    elif t.requires_grad:
+        suffixes.append("requires_grad=True")
+    return ts._add_suffixes(prefix + body, suffixes, indent, force_newline=False)

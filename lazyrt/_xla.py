@@ -15,11 +15,16 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
+import warnings
 
 import jax
 
+from .memory import MemoryAnalysis
+from .metrics import COUNTERS
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def platform() -> str:
     """The platform lazyrt's arrays live on ('cpu', 'gpu', 'tpu').
 
@@ -65,7 +70,7 @@ def _vector_width() -> int | None:
     return int(v)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compile_options() -> dict:
     """Options for ``Lowered.compile`` (empty off CPU)."""
     if not on_cpu():
@@ -88,3 +93,28 @@ def compile(lowered):
     if opts and "xla_cpu_prefer_vector_width" in opts and _WIDTH_UNSAFE.search(lowered.as_text()):
         opts = {k: v for k, v in opts.items() if k != "xla_cpu_prefer_vector_width"}
     return lowered.compile(compiler_options=opts) if opts else lowered.compile()
+
+
+def compile_program(fn, args: tuple, donate_argnums: tuple = ()):
+    """Lower ``fn`` at ``args`` and compile it with lazyrt's options: the one place every
+    lazyrt executable (a strict op, a defer flush) is built. Returns ``(executable,
+    memory analysis, seconds)`` and counts the compile in ``lazyrt.metrics``.
+
+    Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
+    t0 = time.perf_counter()
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*args)
+        exe = compile(lowered)
+    seconds = time.perf_counter() - t0
+    COUNTERS["cache_misses"] += 1
+    COUNTERS["compile_seconds"] += seconds
+    return exe, MemoryAnalysis.of(exe), seconds
+
+
+def enable_persistent_cache(path: str) -> None:
+    """Compiled executables persist across processes in JAX's compilation cache
+    (``LAZYRT_CACHE_DIR``)."""
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

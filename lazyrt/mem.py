@@ -136,7 +136,7 @@ def _run_script(script: str, argv: list[str]) -> tuple[int, str | None, float]:
     except KeyboardInterrupt as e:
         _print_script_traceback(e, script)
         status, error = 130, "KeyboardInterrupt"
-    except BaseException as e:  # noqa: BLE001  (the script failed: report what ran anyway)
+    except BaseException as e:
         _print_script_traceback(e, script)
         status, error = 1, f"{type(e).__name__}: {e}".splitlines()[0][:200]
     finally:

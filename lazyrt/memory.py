@@ -14,6 +14,7 @@ accounting, so their peaks compare fairly.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import weakref
 
@@ -23,6 +24,10 @@ from . import _source
 from .metrics import COUNTERS
 
 _live: dict[int, tuple] = {}  # id(array) -> (weakref, nbytes)
+# NOTE: re-entrant: a weakref callback (``_release``) can run inside ``track`` on the same
+# thread when an allocation frees something. Taken by every update of the live bytes, so
+# threads dispatching ops at once keep the count exact.
+_LOCK = threading.RLock()
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
 # Counters already attributed to a logged execution (strict mode learns its
 # compiles from them; see record_execution).
@@ -41,31 +46,33 @@ def _observe(live: int) -> None:
     if live > _state["peak"]:
         _state["peak"] = live
         _state["peak_where"] = f"{LIVE_WHERE}, until {_source.user_line(3)}"
-        _state["peak_index"] = _counter["executions"] - 1
+        _state["peak_index"] = _log_index[0] - 1
 
 
 def _release(key: int) -> None:
-    entry = _live.pop(key, None)
-    if entry is not None:
-        live = _state["live"]
-        # NOTE: live bytes peak just before they drop; observing here (and at each
-        # computation and each read) rather than in ``track`` keeps a flush's outputs,
-        # tracked while its donated inputs are not yet uncounted, from double-counting.
-        if live > _state["peak"] or live > _state["live_peak"]:
-            _observe(live)
-        _state["live"] = live - entry[1]
+    with _LOCK:
+        entry = _live.pop(key, None)
+        if entry is not None:
+            live = _state["live"]
+            # NOTE: live bytes peak just before they drop; observing here (and at each
+            # computation and each read) rather than in ``track`` keeps a flush's outputs,
+            # tracked while its donated inputs are not yet uncounted, from double-counting.
+            if live > _state["peak"] or live > _state["live_peak"]:
+                _observe(live)
+            _state["live"] = live - entry[1]
 
 
 def _purge_deleted() -> int:
     """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
     freed = 0
-    for key, (ref, nbytes) in list(_live.items()):
-        a = ref()
-        if a is not None and a.is_deleted():
-            # The weakref callback pops nothing later: the entry is gone.
-            del _live[key]
-            freed += nbytes
-    _state["live"] -= freed
+    with _LOCK:
+        for key, (ref, nbytes) in list(_live.items()):
+            a = ref()
+            if a is not None and a.is_deleted():
+                # The weakref callback pops nothing later: the entry is gone.
+                del _live[key]
+                freed += nbytes
+        _state["live"] -= freed
     return freed
 
 
@@ -81,8 +88,9 @@ def track(arr, nbytes: int | None = None) -> None:
         ref = weakref.ref(arr, lambda _r, key=key: _release(key))
     except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
         return
-    _live[key] = (ref, nbytes)
-    _state["live"] += nbytes
+    with _LOCK:
+        _live[key] = (ref, nbytes)
+        _state["live"] += nbytes
 
 
 def live_bytes() -> int:
@@ -92,12 +100,13 @@ def live_bytes() -> int:
 def untrack(arrays) -> int:
     """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
     freed = 0
-    for a in arrays:
-        e = _live.pop(id(a), None)
-        if e is not None:
-            freed += e[1]
-    _state["live"] -= freed
-    _state["untracked"] = True
+    with _LOCK:
+        for a in arrays:
+            e = _live.pop(id(a), None)
+            if e is not None:
+                freed += e[1]
+        _state["live"] -= freed
+        _state["untracked"] = True
     return freed
 
 
@@ -129,7 +138,7 @@ class MemoryAnalysis:
     def of(cls, compiled) -> MemoryAnalysis:
         try:
             m = compiled.memory_analysis()
-        except Exception:  # noqa: BLE001  (some backends do not implement it)
+        except Exception:
             m = None
         if m is None:
             return cls(0, 0, 0, 0, 0)
@@ -171,7 +180,21 @@ class FlushRecord:
         return dataclasses.asdict(self)
 
 
-_counter = {"executions": 0}
+_log_index = [0]  # index of the next logged execution (FlushRecord.index)
+
+
+def computation_peak(live_before: int, passed_bytes: int, analysis: MemoryAnalysis) -> int:
+    """THE peak rule of one computation: live bytes not passed into it + its own peak."""
+    return max(live_before - passed_bytes, 0) + analysis.peak_bytes
+
+
+def note_computation(live_before: int, passed_bytes: int, analysis: MemoryAnalysis,
+                     where: str) -> None:
+    """Fold one unlogged computation (a strict op on the hot path) into the process peak."""
+    peak = computation_peak(live_before, passed_bytes, analysis)
+    if peak > _state["peak"]:
+        _state["peak"] = peak
+        _state["peak_where"] = where
 
 
 def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cache_hit: bool,
@@ -191,14 +214,14 @@ def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cac
         # on the arrays it donated (before this call) skips it.
         _purge_deleted()
     _state.pop("untracked", None)
-    peak = max(live_before - passed_bytes, 0) + analysis.peak_bytes
-    idx = _counter["executions"]
-    _counter["executions"] = idx + 1
+    peak = computation_peak(live_before, passed_bytes, analysis)
+    idx = _log_index[0]
+    _log_index[0] = idx + 1
     if log and not source:
         source = _source.user_line(2)
     st = _state
-    # NOTE: strict mode raises the peak itself before calling here (with the op's
-    # name as "where"); a tie then takes this call's source line.
+    # NOTE: an unlogged computation (``note_computation``) names itself ("where" = its op
+    # name); a tie with it takes this call's source line.
     where = st["peak_where"]
     if peak > st["peak"] or (peak == st["peak"] and (where in (name, "")
                                                      or where.startswith(LIVE_WHERE))):
@@ -256,7 +279,7 @@ def device_stats() -> dict | None:
     """The device's own memory stats where JAX exposes them (GPU/TPU); None on CPU."""
     try:
         stats = jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     return dict(stats) if stats else None
 
@@ -287,10 +310,14 @@ def memory_stats() -> dict:
     return out
 
 
-def _fmt(n: float) -> str:
+def fmt_bytes(n) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (``None`` -> ``"-"``): the one byte formatter."""
+    if n is None:
+        return "-"
+    n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
 
@@ -299,18 +326,18 @@ def memory_summary() -> str:
     s = memory_stats()
     lines = [
         "lazyrt memory summary",
-        f"  allocated (live tpu tensors): {_fmt(s['allocated_bytes.all.current'])}",
-        f"  peak (HBM, incl. computation temporaries): {_fmt(s['allocated_bytes.all.peak'])}",
+        f"  allocated (live tpu tensors): {fmt_bytes(s['allocated_bytes.all.current'])}",
+        f"  peak (HBM, incl. computation temporaries): {fmt_bytes(s['allocated_bytes.all.peak'])}",
         f"  peak where: {_state['peak_where'] or '-'}",
-        f"  live peak (tensors only): {_fmt(s['active_bytes.all.peak'])}",
+        f"  live peak (tensors only): {fmt_bytes(s['active_bytes.all.peak'])}",
         f"  live arrays: {s['allocation.all.current']}",
         (f"  computations run: {s['num_executions']} ({s['num_flushes']} defer flushes, "
          f"{s['num_compiles']} compiles)"),
     ]
     dev = device_stats()
     if dev:
-        lines.append(f"  device bytes_in_use: {_fmt(dev.get('bytes_in_use', 0))}, "
-                     f"peak_bytes_in_use: {_fmt(dev.get('peak_bytes_in_use', 0))}")
+        lines.append(f"  device bytes_in_use: {fmt_bytes(dev.get('bytes_in_use', 0))}, "
+                     f"peak_bytes_in_use: {fmt_bytes(dev.get('peak_bytes_in_use', 0))}")
     else:
         lines.append(f"  device stats: none on the {jax.default_backend()} backend; "
                      "only lazyrt's accounting exists")

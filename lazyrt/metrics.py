@@ -1,7 +1,9 @@
 """Counters: ``lazyrt.metrics.counters()``, ``reset()``, ``report()``.
 
 The hot path increments plain dict entries (``COUNTERS[name] += 1``); nothing
-here is computed per op.
+here is computed per op. An observer: this module imports nothing of lazyrt's.
+Values that are state rather than counts (``pending_ops``) are gauges: a module
+registers a function that reads them, called only when a snapshot is taken.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ _ZERO = {
     "flushes": 0,
     "cache_hits": 0,
     "cache_misses": 0,
+    "hash_collisions": 0,
     "compile_seconds": 0.0,
     "execute_seconds": 0.0,
     "transfers_to_device": 0,
@@ -22,6 +25,10 @@ _ZERO = {
     "pending_ops": 0,
     "max_trace_ops": 0,
     "decompositions": 0,
+    "compiled_modules": 0,  # graphs Dynamo handed the tpu backend
+    "compiled_graphs": 0,  # AOT forward/backward/inference graphs made into programs
+    "compiled_calls": 0,  # calls of those graphs
+    "compiled_eager_calls": 0,  # calls run eagerly (a graph lazyrt cannot lower whole)
     "pallas_attention_calls": 0,
     "pallas_matmul_calls": 0,
     "pallas_fallbacks": 0,
@@ -29,14 +36,19 @@ _ZERO = {
 
 COUNTERS: dict[str, float] = dict(_ZERO)
 FALLBACK_OPS: collections.Counter = collections.Counter()
+_GAUGES: dict = {}
+
+
+def register_gauge(name: str, read) -> None:
+    """``read()`` gives counter ``name``'s current value in every snapshot."""
+    _GAUGES[name] = read
 
 
 def counters() -> dict:
     """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count)."""
     out = dict(COUNTERS)
-    from . import _defer
-
-    out["pending_ops"] = _defer.pending_count()
+    for name, read in _GAUGES.items():
+        out[name] = read()
     out["cpu_fallback_ops"] = dict(FALLBACK_OPS)
     return out
 

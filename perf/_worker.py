@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         res = run(a.workload, a.mode, a.steps, max(a.warmup, 1), a.variant, a.threads)
-    except Exception as e:  # noqa: BLE001  report, don't hide: the parent prints the error in the table
+    except Exception as e:
         res = {"workload": a.workload, "variant": a.variant, "mode": a.mode, "ok": False,
                "error": f"{type(e).__name__}: {e}"[:2000],
                "traceback": traceback.format_exc()[-6000:]}

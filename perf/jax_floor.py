@@ -65,9 +65,10 @@ def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
         return jnp.asarray(rng.standard_normal(s) * 0.02, jnp.float32)
 
     def blk():
-        return dict(ln1w=jnp.ones(D), ln1b=jnp.zeros(D), qkvw=P(3 * D, D), qkvb=jnp.zeros(3 * D),
-                    projw=P(D, D), projb=jnp.zeros(D), ln2w=jnp.ones(D), ln2b=jnp.zeros(D),
-                    fc1w=P(4 * D, D), fc1b=jnp.zeros(4 * D), fc2w=P(D, 4 * D), fc2b=jnp.zeros(D))
+        return {"ln1w": jnp.ones(D), "ln1b": jnp.zeros(D), "qkvw": P(3 * D, D),
+                "qkvb": jnp.zeros(3 * D), "projw": P(D, D), "projb": jnp.zeros(D),
+                "ln2w": jnp.ones(D), "ln2b": jnp.zeros(D), "fc1w": P(4 * D, D),
+                "fc1b": jnp.zeros(4 * D), "fc2w": P(D, 4 * D), "fc2b": jnp.zeros(D)}
 
     params = {"tok": P(V, D), "pos": P(T, D), "lnw": jnp.ones(D), "lnb": jnp.zeros(D),
               "head": P(V, D), "blocks": [blk() for _ in range(L)]}

@@ -86,7 +86,7 @@ def machine_info(env) -> dict:
         out = subprocess.run([sys.executable, "-c", _INFO_CODE], check=False, capture_output=True, text=True,
                              env=env, cwd=_ROOT, timeout=120)
         info.update(json.loads(out.stdout.strip().splitlines()[-1]))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         info["jax_backend"] = None
         info["info_error"] = f"{type(e).__name__}: {e}"
     return info
@@ -142,7 +142,7 @@ def run_worker(row: dict, mode: str, steps: int, warmup: int, env: dict, timeout
                    "stderr": p.stderr[-4000:]}
     except subprocess.TimeoutExpired:
         res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     finally:
         try:

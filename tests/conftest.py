@@ -2,10 +2,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
 
-import lazyrt  # noqa: E402
+import lazyrt
 
 MODES = ["strict", "defer"]
 

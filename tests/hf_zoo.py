@@ -22,7 +22,7 @@ sequence 8 over a 64-token vocabulary, 32x32 images, ~0.1 s of 16 kHz audio.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -137,19 +137,42 @@ def _longformer_batch():
     return {**inputs, "global_attention_mask": glob}, targets
 
 
+def _towers(text_positions, **text_extra):
+    """Text and vision tower configs of a CLIP-like model."""
+    text = {"vocab_size": VOCAB, "hidden_size": D, "intermediate_size": FF,
+            "num_hidden_layers": L, "num_attention_heads": H,
+            "max_position_embeddings": text_positions, **text_extra}
+    vision = {"hidden_size": D, "intermediate_size": FF, "num_hidden_layers": L,
+              "num_attention_heads": H, "image_size": 32, "patch_size": 8}
+    return {"text_config": text, "vision_config": vision}
+
+
+def _image_text(seed, mask):
+    inputs = {"input_ids": _ids(seed)}
+    if mask:
+        inputs["attention_mask"] = _mask()
+    inputs["pixel_values"] = torch.randn(B, 3, 32, 32, generator=_gen(seed + 1))
+    return inputs, ()
+
+
+def _logits_pair(o):
+    return o.logits_per_image, o.logits_per_text
+
+
 def _decoder(cls, cfg, **kw):
     kw = {"bos_token_id": 1, "eos_token_id": 2, **kw}
     return lambda: _model(cls, cfg, vocab_size=VOCAB, **kw)
 
 
-_LLAMA_LIKE = dict(hidden_size=D, intermediate_size=FF, num_hidden_layers=L,
-                   num_attention_heads=H, num_key_value_heads=KV, max_position_embeddings=32)
-_BERT_LIKE = dict(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
-                  intermediate_size=FF, max_position_embeddings=32)
+_LLAMA_LIKE = {"hidden_size": D, "intermediate_size": FF, "num_hidden_layers": L,
+               "num_attention_heads": H, "num_key_value_heads": KV,
+               "max_position_embeddings": 32}
+_BERT_LIKE = {"vocab_size": VOCAB, "hidden_size": D, "num_hidden_layers": L,
+              "num_attention_heads": H, "intermediate_size": FF, "max_position_embeddings": 32}
 _MOE = dict(_LLAMA_LIKE, num_experts=4, num_experts_per_tok=2)
-_SMALL_CONV_AUDIO = dict(conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-                         num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
-                         apply_spec_augment=False)
+_SMALL_CONV_AUDIO = {"conv_dim": (16, 16, 16), "conv_stride": (5, 2, 2),
+                     "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 8,
+                     "num_conv_pos_embedding_groups": 2, "apply_spec_augment": False}
 
 
 def _lm(build, seed, mask=True, **tol):
@@ -394,36 +417,11 @@ ARCHS: dict[str, Arch] = {
                               "decoder_input_ids": _ids(83)}, (_ids(84),)), _lm_loss),
     # ---- multimodal
     "clip": Arch(lambda: _model(tf.CLIPModel, tf.CLIPConfig, projection_dim=16,
-                                text_config=dict(vocab_size=VOCAB, hidden_size=D,
-                                                 intermediate_size=FF, num_hidden_layers=L,
-                                                 num_attention_heads=H,
-                                                 max_position_embeddings=32, eos_token_id=2),
-                                vision_config=dict(hidden_size=D, intermediate_size=FF,
-                                                   num_hidden_layers=L, num_attention_heads=H,
-                                                   image_size=32, patch_size=8)),
-                 lambda: ({"input_ids": _ids(90), "attention_mask": _mask(),
-                           "pixel_values": torch.randn(B, 3, 32, 32, generator=_gen(91))}, ()),
-                 _clip_loss, pick=lambda o: (o.logits_per_image, o.logits_per_text)),
-    "siglip": Arch(lambda: _model(tf.SiglipModel, tf.SiglipConfig,
-                                  text_config=dict(vocab_size=VOCAB, hidden_size=D,
-                                                   intermediate_size=FF, num_hidden_layers=L,
-                                                   num_attention_heads=H,
-                                                   max_position_embeddings=T),
-                                  vision_config=dict(hidden_size=D, intermediate_size=FF,
-                                                     num_hidden_layers=L, num_attention_heads=H,
-                                                     image_size=32, patch_size=8)),
-                   lambda: ({"input_ids": _ids(92),
-                             "pixel_values": torch.randn(B, 3, 32, 32, generator=_gen(93))}, ()),
-                   _clip_loss, pick=lambda o: (o.logits_per_image, o.logits_per_text)),
+                                **_towers(32, eos_token_id=2)),
+                 lambda: _image_text(90, mask=True), _clip_loss, pick=_logits_pair),
+    "siglip": Arch(lambda: _model(tf.SiglipModel, tf.SiglipConfig, **_towers(T)),
+                   lambda: _image_text(92, mask=False), _clip_loss, pick=_logits_pair),
     "owlvit": Arch(lambda: _model(tf.OwlViTModel, tf.OwlViTConfig, projection_dim=16,
-                                  text_config=dict(vocab_size=VOCAB, hidden_size=D,
-                                                   intermediate_size=FF, num_hidden_layers=L,
-                                                   num_attention_heads=H,
-                                                   max_position_embeddings=T, eos_token_id=2),
-                                  vision_config=dict(hidden_size=D, intermediate_size=FF,
-                                                     num_hidden_layers=L, num_attention_heads=H,
-                                                     image_size=32, patch_size=8)),
-                   lambda: ({"input_ids": _ids(94), "attention_mask": _mask(),
-                             "pixel_values": torch.randn(B, 3, 32, 32, generator=_gen(95))}, ()),
-                   _clip_loss, pick=lambda o: (o.logits_per_image, o.logits_per_text)),
+                                  **_towers(T, eos_token_id=2)),
+                   lambda: _image_text(94, mask=True), _clip_loss, pick=_logits_pair),
 }

@@ -26,7 +26,7 @@ def _counters():
 
 
 def _is_pending(t):
-    from lazyrt._dispatch import value
+    from lazyrt._values import value
 
     return type(value(t)) is Pending
 
@@ -175,12 +175,12 @@ def test_donation_only_when_no_alias_reads_old_value():
 
 
 def test_failing_flush_names_op_and_leaves_tensors_usable():
-    from lazyrt import _dispatch
+    from lazyrt import _resolve
 
     x = torch.randn(4, device="tpu")
     lazyrt.sync()
     good = x + 1
-    entry = _dispatch.resolve(torch.ops.aten.cosh.default)
+    entry = _resolve.resolve(torch.ops.aten.cosh.default)
     real = entry.fn
     calls = {"n": 0}
 
@@ -259,9 +259,10 @@ def test_strict_and_defer_agree_on_a_model():
     m(torch.randn(2, 3, 8, 8))
     x = torch.randn(2, 3, 8, 8)
     outs = {}
+    mt = None
     for mode in ("strict", "defer"):
         with lazyrt.set_mode(mode):
-            mt = m.to("tpu") if mode == "strict" else mt
+            mt = m.to("tpu") if mt is None else mt
             out = mt(x.to("tpu"))
             out.sum().backward()
             outs[mode] = (out.detach().cpu(), mt[0].weight.grad.cpu().clone())

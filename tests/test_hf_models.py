@@ -40,7 +40,7 @@ _GROUPED_MM = (
     "aten._grouped_mm (transformers' default experts implementation on tpu): lowered in "
     "lazyrt/lowering/linalg.py, but PyTorch's meta kernel for it accepts only bfloat16 (the "
     "CUDA kernel's check; the CPU kernel takes float32) and lazyrt derives output shapes from "
-    "the meta kernel: needs the core to fall back to the lowering's shapes (_dispatch._make_plan)")
+    "the meta kernel: needs the core to fall back to the lowering's shapes (_plan._meta_or_none)")
 _WEIGHT_NORM = "needs aten._weight_norm_interface_backward (positional conv embedding)"
 
 # name -> reason (xfail(strict=True): a model that starts passing fails the run until
@@ -120,18 +120,21 @@ def test_a_wrong_lowering_is_named():
     lowered as ReLU) and check BERT's failure message."""
     import jax
 
-    from lazyrt import _dispatch  # the op's dispatch entry holds the lowering it runs
+    from lazyrt import _control, _resolve  # the op's entry holds the lowering it runs
 
-    entry = _dispatch.resolve(torch.ops.aten.gelu.default)
+    op = torch.ops.aten.gelu.default
+    entry = _resolve.resolve(op)
     fn = entry.fn
-    entry.fn = lambda self, approximate="none": jax.nn.relu(self)
-    entry.plans.clear()
+
+    def swap(new):
+        _control.invalidate_compiled([op], change=lambda: setattr(entry, "fn", new))
+
+    swap(lambda self, approximate="none": jax.nn.relu(self))
     try:
         with pytest.raises(AssertionError) as info:
             check_hf("bert", "strict")
     finally:
-        entry.fn = fn
-        entry.plans.clear()
+        swap(fn)
     msg = str(info.value)
     assert "ATen op(s) differing from CPU eager: aten.gelu.default" in msg, msg
     assert "forward output" in msg

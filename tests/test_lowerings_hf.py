@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from _util import assert_close
 
 
@@ -38,7 +37,8 @@ def _grad_check(fn, *inputs, seed=0):
 
 _META_BF16_ONLY = pytest.mark.xfail(
     strict=True, reason="PyTorch's meta kernel of aten._grouped_mm accepts only bfloat16; "
-    "lazyrt takes output shapes from it (needs the core to fall back to the lowering's shapes)")
+    "lazyrt takes output shapes from it (needs the core to fall back to the lowering's shapes, "
+    "_plan._meta_or_none)")
 
 
 def _np(t):

@@ -694,8 +694,9 @@ def _dlrm_batch():
 # ----------------------------------------------------------------------------------
 
 
-def _run(model, inputs, targets, loss_fn, steps):
-    """Step 0 output and grads; then ``steps`` AdamW steps: losses, final state."""
+def _run(model, inputs, targets, loss_fn, steps, stats=None):
+    """Step 0 output and grads; then ``steps`` AdamW steps: losses, final state.
+    ``stats``: a list that gets lazyrt's counters after each step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-5, weight_decay=0.01)
     losses, first_out, first_grads = [], None, None
     for i in range(steps):
@@ -712,6 +713,8 @@ def _run(model, inputs, targets, loss_fn, steps):
             first_grads.update(zip(names, got[len(outs):]))
         opt.step()
         losses.append(loss.item())
+        if stats is not None:
+            stats.append(lazyrt.metrics.counters())
     sd = model.state_dict()
     state = dict(zip(sd.keys(), _many_to_cpu(list(sd.values()))))
     return first_out, first_grads, losses, state
@@ -737,15 +740,18 @@ def _close(actual, expected, rtol, atol, what):
 
 
 def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e-5,
-                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS, allow_unused=False):
-    """Run ``model_fn()`` on CPU and on tpu (``mode``) and compare (see the module doc).
-
+                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS, compile=False, stats=None,
+                 allow_unused=False):
+    """``compile``: the tpu model runs under ``model.compile()`` (torch.compile);
+    ``stats``: a list that gets lazyrt's counters after each tpu step;
     ``allow_unused``: parameters the loss does not reach (no gradient on CPU, e.g. a
     mask token only used in pre-training) are allowed; they must have none on tpu either.
     """
     torch.manual_seed(0)
     ref_model = model_fn()
     tpu_model = copy.deepcopy(ref_model).to("tpu")
+    if compile:
+        tpu_model.compile()
     # NOTE: no re-tying: Module.to("tpu") keeps tied parameters tied
     # (test_to_tpu_keeps_tied_parameters).
     batch = batch_fn()
@@ -754,7 +760,7 @@ def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e
     ref = _run(ref_model, inputs, targets, loss_fn, steps)
     with lazyrt.set_mode(mode):
         got = _run(tpu_model, [t.to("tpu") for t in inputs], [t.to("tpu") for t in targets],
-                   loss_fn, steps)
+                   loss_fn, steps, stats)
         lazyrt.sync()
 
     (r_out, r_grads, r_losses, r_state), (g_out, g_grads, g_losses, g_state) = ref, got

@@ -104,7 +104,8 @@ def _compare(model_fn, batch_fn, loss_fn, opt_fn, mode, steps=3, sched=False, rt
     for i, (a, b) in enumerate(zip(losses, ref_losses)):
         assert math.isclose(a, b, rel_tol=rtol, abs_tol=atol), f"step {i}: loss {a} != {b}"
     for k in ref_params:
-        torch.testing.assert_close(params[k], ref_params[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(params[k], ref_params[k], rtol=rtol, atol=atol,
+                                   msg=lambda m, k=k: f"{k}: {m}")
 
 
 def _mlp_batch():

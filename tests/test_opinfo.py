@@ -19,11 +19,11 @@ import os
 
 import pytest
 import torch
+from _util import assert_close, to_cpu, to_tpu
+from opinfo_xfail import XFAIL, XFAIL_ALL_SAMPLES, XFAIL_DTYPE, XFAIL_GRAD
 from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
-from _util import assert_close, to_cpu, to_tpu
-from opinfo_xfail import XFAIL, XFAIL_ALL_SAMPLES, XFAIL_DTYPE, XFAIL_GRAD
 
 MAX_SAMPLES = int(os.environ.get("LAZYRT_OPINFO_SAMPLES", "2"))
 DTYPES = [getattr(torch, d) for d in os.environ.get("LAZYRT_OPINFO_DTYPES", "float32").split(",")]
@@ -141,7 +141,7 @@ def test_opinfo_grad(op, mode):
             continue
         assert a is not None, f"grad {i} missing"
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, equal_nan=True,
-                                   msg=lambda m: f"grad of input {i}: {m}")
+                                   msg=lambda m, i=i: f"grad of input {i}: {m}")
     assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _util import assert_close
 
 import lazyrt
-from lazyrt import _pallas, metrics
-
-from _util import assert_close
+from lazyrt import metrics
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -24,11 +23,11 @@ def pallas():
     prev = lazyrt.config.pallas
 
     def set_(p):
-        _pallas.set_policy(p)
+        lazyrt.set_pallas(p)
         metrics.reset()
 
     yield set_
-    _pallas.set_policy(prev)
+    lazyrt.set_pallas(prev)
 
 
 def _counts():
@@ -262,7 +261,7 @@ class _GPT(nn.Module):
 
 
 def _train(policy, mode, steps=3):
-    _pallas.set_policy(policy)
+    lazyrt.set_pallas(policy)
     torch.manual_seed(0)
     model = _GPT()
     g = torch.Generator().manual_seed(7)
@@ -281,7 +280,7 @@ def _train(policy, mode, steps=3):
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-        losses = [l.cpu() for l in losses]
+        losses = [loss.cpu() for loss in losses]
         params = [p.detach().cpu() for p in model.parameters()]
     return losses, params
 

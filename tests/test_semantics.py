@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from _util import assert_close
 
 import lazyrt
-from _util import assert_close
 
 
 def _both(fn, *inputs):
@@ -357,26 +357,26 @@ def test_debug_mode_names_op_that_made_nan():
 
 
 def test_debug_compare_reports_divergence():
-    from lazyrt import _dispatch
+    from lazyrt import _debug, _resolve
     from lazyrt.lowering._registry import LOWERINGS
 
     op = torch.ops.aten.sinh.default
-    entry = _dispatch.resolve(op)
+    entry = _resolve.resolve(op)
     real = entry.fn
     prev = lazyrt.config.debug_compare
     try:
         entry.fn = lambda x: real(x) + 1.0  # a wrong lowering
         entry.plans.clear()
         lazyrt.config.debug_compare = True
-        _dispatch._divergences.clear()
+        _debug.clear_divergences()
         with lazyrt.set_mode("debug"), pytest.warns(UserWarning, match="aten.sinh.default diverges"):
             torch.sinh(torch.ones(3, device="tpu"))
-        assert _dispatch.divergences()
+        assert _debug.divergences()
     finally:
         entry.fn = real
         entry.plans.clear()
         lazyrt.config.debug_compare = prev
-        _dispatch._divergences.clear()
+        _debug.clear_divergences()
     assert LOWERINGS[op].fn is real
 
 
@@ -384,9 +384,9 @@ def test_coverage_report():
     c = lazyrt.coverage()
     assert c["counts"]["lowered"] >= 450
     assert "aten.mm.default" in c["lowered"]
-    assert lazyrt.coverage("aten.add_.Tensor") == "derived"
-    assert lazyrt.coverage("aten.addmm.default") == "lowered"
-    assert lazyrt.coverage(torch.ops.lazyrt_test.mystery.default) == "missing"
+    assert lazyrt.coverage("aten.add_.Tensor").status == "derived"
+    assert lazyrt.coverage("aten.addmm.default").status == "lowered"
+    assert lazyrt.coverage(torch.ops.lazyrt_test.mystery.default).status == "missing"
 
 
 def test_autocast_bf16(mode):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _util import assert_close
 
 import lazyrt
 from lazyrt import _hostmem, _xla
-from _util import assert_close
 
 
 def _wide_float32():

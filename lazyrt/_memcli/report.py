@@ -3,18 +3,9 @@ from __future__ import annotations
 
 import os
 
+from lazyrt.memory import fmt_bytes
+
 SCHEMA = "lazyrt-mem/1"
-
-
-def fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def fmt_s(s) -> str:

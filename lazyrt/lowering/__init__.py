@@ -1,7 +1,7 @@
 """ATen -> JAX lowerings, one module per op family. Importing this package fills
 ``_registry.LOWERINGS``."""
-from . import _registry  # noqa: F401
 from . import (  # noqa: F401
+    _registry,
     attention,
     factories,
     fft,

@@ -32,14 +32,15 @@ Calling convention of a lowering
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from .._dtypes import to_jax as to_jax_dtype  # noqa: F401  (re-exported for lowerings)
+from .._dtypes import to_jax as to_jax_dtype
 
-__all__ = ["Lowering", "lower", "LOWERINGS", "get_lowering", "to_jax_dtype"]
+__all__ = ["Lowering", "lower", "named", "LOWERINGS", "get_lowering", "to_jax_dtype", "inverse",
+           "INVERSES"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,8 +94,35 @@ def lower(*ops, static_floats: bool = False, mutates: tuple[str, ...] | None = N
     return deco
 
 
+def named(fn: Callable, name: str) -> Callable:
+    """``fn`` under ``name``: a lowering made in a loop (one function per op) keeps a
+    findable name (``lazyrt.coverage(op).by`` shows it with its file and line)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
 def get_lowering(op: OpOverload) -> Lowering | None:
     return LOWERINGS.get(op)
+
+
+# How a write into a view scatters into its base, per view op: ``fn(base, new) -> base'``
+# (``base`` the value the view was taken of, ``new`` the view's new value). A view op with
+# no entry here gets the runtime's generic inverse (``lazyrt._views``): push an iota of the
+# base through the view's own lowering and scatter.
+INVERSES: dict[OpOverload, Callable] = {}
+
+
+def inverse(*ops):
+    """Register the decorated ``fn(base, new)`` as the inverse of these view ops (an
+    ``OpOverloadPacket`` registers every overload)."""
+
+    def deco(fn: Callable) -> Callable:
+        for op in ops:
+            for ov in _overloads(op):
+                INVERSES[ov] = fn
+        return fn
+
+    return deco
 
 
 aten = torch.ops.aten

@@ -7,9 +7,10 @@ picks a backend with ``_fused_sdp_choice_stub``, a DispatchStub (not a dispatche
 call, so lazyrt never sees it, and a Python backend cannot register one). For
 PrivateUse1 it answers "math", which decomposes into ``bmm``/``_safe_softmax``/``bmm``.
 
-So this module registers an ``AutogradPrivateUse1`` kernel for
-``aten::scaled_dot_product_attention`` (a ``torch.library`` registration, which
-takes precedence over the composite kernel for ``tpu`` tensors only). When the
+So lazyrt registers an ``AutogradPrivateUse1`` kernel for
+``aten::scaled_dot_product_attention`` (``_pallas.sdpa_autograd_kernel``, registered by
+``lazyrt._registration``; it takes precedence over the composite kernel for ``tpu``
+tensors only). When the
 Pallas policy is active (``lazyrt._pallas.active()``) and the call can use a fused
 op (4-D q/k/v of one floating dtype, no dropout, a mask that needs no gradient,
 GQA only with ``enable_gqa=True``), it calls
@@ -37,7 +38,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import torch
 from jax import lax
 
 from .. import _pallas
@@ -227,50 +227,3 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
 # ---------------------------------------------------------------------------
 # F.scaled_dot_product_attention on tpu -> the overrideable fused op
 # ---------------------------------------------------------------------------
-
-_SDPA = aten.scaled_dot_product_attention.default
-_FUSED = aten._scaled_dot_product_fused_attention_overrideable.default
-
-
-def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
-    """Can this SDPA call be expressed with the overrideable fused op (dtypes and the
-    kernel's shape limits aside: the lowering decides those)?"""
-    ts = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.dim() == 4
-               for t in ts):
-        return False
-    if not (query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point):
-        return False
-    if dropout_p != 0.0:
-        return False
-    if attn_mask is not None:
-        if is_causal:
-            return False  # PyTorch raises: let the composite kernel say so
-        if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "tpu":
-            return False
-        if attn_mask.requires_grad and torch.is_grad_enabled():
-            return False
-        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
-            return False
-    b, hq, L, e = query.shape
-    bk, hk, S, ek = key.shape
-    bv, hv, Sv, ev = value.shape
-    if not (b == bk == bv and e == ek and S == Sv and hk == hv):
-        return False
-    if hq != hk and not (enable_gqa and hq % hk == 0):
-        return False
-    return True
-
-
-def _sdpa_autograd_tpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                       scale=None, enable_gqa=False):
-    if _pallas.active():
-        if _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
-            return _FUSED(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
-        COUNTERS["pallas_fallbacks"] += 1
-    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal,
-                           scale=scale, enable_gqa=enable_gqa)
-
-
-_LIB = torch.library.Library("aten", "IMPL")
-_LIB.impl("scaled_dot_product_attention", _sdpa_autograd_tpu, "AutogradPrivateUse1")

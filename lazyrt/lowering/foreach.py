@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from . import pointwise as pw
-from ._registry import aten, lower
+from ._registry import aten, lower, named
 
 _BINARY = {
     "add": pw.add, "sub": pw.sub, "mul": pw.mul, "div": pw.div, "maximum": pw.maximum,
@@ -40,7 +40,13 @@ for _name, _f in _BINARY.items():
         return [_f(a, b) for a, b in zip(self, others)]
 
     for _ov in _packet.overloads():
-        lower(getattr(_packet, _ov))(_fe)
+        lower(getattr(_packet, _ov))(named(_fe, f"_foreach_{_name}"))
+
+
+@lower(aten._foreach_pow.ScalarAndTensor, replace=True)
+def _foreach_pow_scalar_and_tensor(self, exponent):
+    """``scalar ** tensor`` for each tensor (torch.optim's compiled Adam bias correction)."""
+    return [pw.pow_(self, e) for e in exponent]
 
 _UNARY = ["sqrt", "exp", "log", "neg", "abs", "sign", "sigmoid", "tanh", "reciprocal", "sin",
           "cos", "floor", "ceil", "round", "trunc", "frac", "log1p", "expm1", "erf", "rsqrt", "zero"]
@@ -59,7 +65,7 @@ for _name in _UNARY:
     def _fu(self, _low=_low):
         return [_low(a) for a in self]
 
-    lower(_packet.default)(_fu)
+    lower(_packet.default)(named(_fu, f"_foreach_{_name}"))
 
 
 @lower(aten._foreach_addcmul.Scalar, aten._foreach_addcmul.ScalarList, aten._foreach_addcmul.Tensor)

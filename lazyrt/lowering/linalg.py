@@ -41,9 +41,15 @@ def mv(self, vec):
     return _dot(self, vec)
 
 
-@lower(aten.dot.default, aten.vdot.default)
+@lower(aten.dot.default)
 def dot(self, tensor):
-    return jnp.sum(self * tensor) if True else None
+    return jnp.sum(self * tensor)
+
+
+@lower(aten.vdot.default)
+def vdot(self, other):
+    """``torch.vdot`` conjugates its first argument (``dot`` conjugates nothing)."""
+    return jnp.sum(jnp.conj(self) * other)
 
 
 @lower(aten.addmm.default)

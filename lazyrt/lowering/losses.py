@@ -7,7 +7,6 @@ from ._registry import aten, lower
 
 
 def _ctc(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
-    import jax
     import numpy as np
     from jax import lax
 

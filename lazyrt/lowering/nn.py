@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._registry import aten, lower
+from ._registry import aten, lower, named
 from ._util import matmul_precision, opmath
 
 # ---- normalization -----------------------------------------------------------------
@@ -238,7 +238,7 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 
 def _pool_pads(x_shape, kernel, stride, padding, dilation, ceil_mode):
     pads = []
-    for i, (n, k, s, p, d) in enumerate(zip(x_shape, kernel, stride, padding, dilation)):
+    for n, k, s, p, d in zip(x_shape, kernel, stride, padding, dilation):
         eff = d * (k - 1) + 1
         out = (n + 2 * p - eff) // s + 1
         if ceil_mode:
@@ -711,7 +711,7 @@ def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners
     if interpolation_mode != 0:
         raise NotImplementedError("lazyrt: grid_sampler: bicubic is only supported in 2-D")
     lo = [jnp.floor(c) for c in coords]
-    fr = [c - l for c, l in zip(coords, lo)]
+    fr = [c - f for c, f in zip(coords, lo)]
     out = 0
     for corner in range(2 ** nd):
         bits = [(corner >> (nd - 1 - d)) & 1 for d in range(nd)]
@@ -765,7 +765,7 @@ def _register_upsample_nearest_backward(nd):
             sc = (sc + [None] * _nd)[:_nd]
             return _upsample_nearest_backward(grad_output, output_size, input_size, sc, _exact)
 
-        lower(op, static_floats=True)(fn)
+        lower(op, static_floats=True)(named(fn, name))
 
 
 for _nd in (1, 2, 3):

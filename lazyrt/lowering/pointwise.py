@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
 
-from ._registry import aten, lower
+from ._registry import aten, lower, named
 from ._util import jdt, log1p, opmath
 
 
@@ -255,7 +255,7 @@ for _name, _f in (("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
     def _cmp(self, other, _f=_f):
         return _f(self, other)
 
-    lower(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(_cmp)
+    lower(getattr(aten, _name).Tensor, getattr(aten, _name).Scalar)(named(_cmp, _name))
 
 
 @lower(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -350,7 +350,7 @@ for _name, _f in _FLOAT_UNARY.items():
     def _unary(self, _f=_f):
         return _f(_float_of(self))
 
-    lower(_packet.default)(_unary)
+    lower(_packet.default)(named(_unary, _name))
 
 
 @lower(aten.neg.default)

@@ -7,6 +7,7 @@ are ``jnp.where`` over every candidate; per-element recurrence lengths run as a
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -239,6 +240,7 @@ def _cheb(coefs, z):
 
 def _unary(op):
     def deco(fn):
+        @functools.wraps(fn)
         def lowering(self):
             return fn(_f(self))
         lower(op)(lowering)
@@ -476,16 +478,19 @@ def _parity(n):
 def _poly_op(packet):
     """Register fn(x, n) for the Tensor/Tensor, Scalar x and Scalar n overloads."""
     def deco(fn):
+        @functools.wraps(fn)
         def both(x, n):
             dt = _fdt(x, n)
             x, n = jnp.broadcast_arrays(_f(x, dt), _degree(n, dt))
             return fn(x, n)
 
+        @functools.wraps(fn)
         def x_scalar(x, n):
             dt = _fdt(n)
             x, n = jnp.broadcast_arrays(_f(x, dt), _degree(n, dt))
             return fn(x, n)
 
+        @functools.wraps(fn)
         def n_scalar(x, n):
             dt = _fdt(x)
             x, n = jnp.broadcast_arrays(_f(x, dt), _degree(n, dt))

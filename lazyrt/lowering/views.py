@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ._registry import aten, lower
+from ._registry import aten, inverse, lower
 from ._util import canon_dim, jdt
 
 
@@ -30,7 +30,16 @@ def view(self, size, *args):
 
 @lower(aten.view.dtype)
 def view_dtype(self, dtype):
-    jd = jdt(dtype)
+    return _bitcast(self, jdt(dtype))
+
+
+@inverse(aten.view.dtype)
+def view_dtype_inverse(base, new):
+    return _bitcast(new, base.dtype)
+
+
+def _bitcast(self, jd):
+    """Reinterpret the bytes as ``jd``; the last dim scales by the itemsize ratio."""
     if jnp.dtype(jd).itemsize == self.dtype.itemsize:
         return lax.bitcast_convert_type(self, jd)
     src, dst = self.dtype.itemsize, jnp.dtype(jd).itemsize
@@ -214,6 +223,45 @@ def _conj(self):
 @lower(aten._neg_view.default)
 def _neg_view(self):
     return -self
+
+
+# ---- inverses: writing through a view (see _registry.INVERSES) --------------------------
+
+
+@inverse(aten.alias, aten.detach, aten.lift_fresh)
+def alias_inverse(base, new):
+    return new.astype(base.dtype)
+
+
+@inverse(aten.view.default, aten._unsafe_view, aten._reshape_alias, aten.reshape, aten.squeeze,
+         aten.unsqueeze, aten.flatten, aten.unflatten, aten.view_as)
+def reshape_inverse(base, new):
+    return new.reshape(base.shape).astype(base.dtype)
+
+
+@inverse(aten.real)
+def real_inverse(base, new):
+    return lax.complex(new.astype(jnp.real(base).dtype), jnp.imag(base))
+
+
+@inverse(aten.imag)
+def imag_inverse(base, new):
+    return lax.complex(jnp.real(base), new.astype(jnp.imag(base).dtype))
+
+
+@inverse(aten.view_as_real)
+def view_as_real_inverse(base, new):
+    return lax.complex(new[..., 0], new[..., 1]).astype(base.dtype)
+
+
+@inverse(aten._conj)
+def conj_inverse(base, new):
+    return jnp.conj(new).astype(base.dtype)
+
+
+@inverse(aten._neg_view)
+def neg_view_inverse(base, new):
+    return (-new).astype(base.dtype)
 
 
 # ---- shape ops that copy ---------------------------------------------------------------------

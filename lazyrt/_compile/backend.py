@@ -1,0 +1,83 @@
+"""The ``"tpu"`` Dynamo backend (see the package docstring). Importing this module sets
+Dynamo up for tpu tensors.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..metrics import COUNTERS
+from . import dynamo
+from .graph import GraphProgram
+
+__all__ = ["tpu_backend"]
+
+dynamo.setup()
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The ``"tpu"`` Dynamo backend."""
+    _refuse_dynamic(example_inputs)
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    COUNTERS["compiled_modules"] += 1
+    return aot_autograd(
+        fw_compiler=_forward, bw_compiler=_backward, inference_compiler=_inference,
+        decompositions=_decompositions(), partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=False,
+    )(gm, example_inputs)
+
+
+def _boxed(gp: GraphProgram):
+    """AOTAutograd's boxed calling convention: one list of arguments."""
+
+    def run(args):
+        return gp(*args)
+
+    run._boxed_call = True
+    run.graph_program = gp
+    return run
+
+
+def _forward(gm, example_inputs):
+    return _boxed(GraphProgram(gm, "forward"))
+
+
+def _backward(gm, example_inputs):
+    return _boxed(GraphProgram(gm, "backward"))
+
+
+def _inference(gm, example_inputs):
+    return _boxed(GraphProgram(gm, "inference"))
+
+
+def _refuse_dynamic(example_inputs) -> None:
+    for x in example_inputs:
+        symbolic = isinstance(x, torch.SymInt | torch.SymFloat) or (
+            isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape))
+        if symbolic:
+            raise RuntimeError(
+                "lazyrt: the tpu backend compiles static shapes only; a graph with dynamic "
+                "shapes reached it (torch.compile(..., dynamic=True), or automatic dynamic "
+                "shapes after a recompile). Compile with dynamic=False (the default for tpu "
+                "inputs): each new shape then compiles its own graph, as Dynamo decides.")
+
+
+@functools.cache
+def _decompositions() -> dict:
+    """``torch._decomp`` entries for the ops lazyrt itself runs through them (eager's
+    lookup: ``_resolve``); every other op reaches the graph as itself."""
+    from torch._decomp import decomposition_table
+
+    from .._resolve import lookup
+
+    out = {}
+    for op, fn in decomposition_table.items():
+        try:
+            if lookup(op).how == "decomposed":
+                out[op] = fn
+        except Exception:
+            continue
+    return out

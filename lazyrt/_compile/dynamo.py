@@ -1,0 +1,88 @@
+"""What Dynamo needs to trace tpu tensors, set up once, at the first compile.
+
+* Dynamo must see ``TpuTensor`` as a tensor (``_patches.install_dynamo``).
+* Dynamo must never trace lazyrt's own Python (or JAX under it): every function of
+  lazyrt's modules runs with Dynamo's frame callback off for it and everything it calls
+  (a per-code-object flag, free at run time), and lazyrt's directory is in Dynamo's skip
+  list, so user code calling into lazyrt graph-breaks there instead of inlining it.
+* LSTM/GRU are traced (``allow_rnn``), as TorchTPU does; otherwise they graph-break.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+_done: list = []
+
+
+def setup() -> None:
+    if _done:
+        return
+    import torch._dynamo.trace_rules as trace_rules
+
+    from .. import _patches
+
+    _patches.install_dynamo()
+    # NOTE: lazyrt's own modules, and what they call (a frame of a skipped file still runs
+    # under Dynamo's callback, so JAX's frames would be traced otherwise).
+    for name in ("lazyrt", "kernels_pallas", "jax", "jaxlib", "ml_dtypes", "cachetools"):
+        trace_rules.add(name)
+    skip_lazyrt_frames()
+    _done.append(True)
+
+
+def _codes_of(obj, seen: set):
+    """Code objects of a function/class and of everything defined inside them."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                yield from _codes_of(f, seen)
+        return
+    wrapped = getattr(obj, "__wrapped__", None)
+    if wrapped is not None and wrapped is not obj:
+        yield from _codes_of(wrapped, seen)
+    if isinstance(obj, types.FunctionType):
+        yield from _nested(obj.__code__, seen)
+    elif isinstance(obj, type):
+        for v in vars(obj).values():
+            yield from _codes_of(v, seen)
+
+
+def _nested(code: types.CodeType, seen: set):
+    if id(code) in seen:
+        return
+    seen.add(id(code))
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _nested(c, seen)
+
+
+def skip_lazyrt_frames() -> int:
+    """Mark every code object of lazyrt (and kernels_pallas) SKIP, recursively: Dynamo
+    runs them, and whatever they call, without tracing. Returns how many were marked."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+
+    strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    seen: set = set()
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "lazyrt" or name.startswith(("lazyrt.", "kernels_pallas"))):
+            continue
+        for v in list(vars(mod).values()):
+            if getattr(v, "__module__", None) != name:
+                continue
+            for code in _codes_of(v, seen):
+                set_code_exec_strategy(code, strategy)
+                n += 1
+    import torch
+
+    for v in list(vars(torch.tpu).values()):  # lambdas of the torch.tpu module
+        if isinstance(v, types.FunctionType):
+            for code in _codes_of(v, seen):
+                set_code_exec_strategy(code, strategy)
+                n += 1
+    return n

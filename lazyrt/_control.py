@@ -1,0 +1,119 @@
+"""The switches that change how ops run: the mode, the sync point, the Pallas policy,
+matmul precision, the CPU fallback.
+
+A switch that changes what an op compiles to (Pallas policy, matmul precision) goes
+through ONE path, ``invalidate_compiled``: flush the pending work first (it was recorded
+under the old setting), then drop the compiled plans it affects.
+"""
+from __future__ import annotations
+
+import enum
+
+import jax
+
+from . import _defer, _resolve, _strict, _views
+from ._config import MODES, config
+
+
+class EagerMode(enum.Enum):
+    """TorchTPU's eager modes, mapped to lazyrt's."""
+
+    DEFER_AND_FUSE = "defer"
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+
+
+class _ModeContext:
+    """Sets a mode at once; as a context manager, restores the previous one on exit."""
+
+    def __init__(self, mode: str):
+        self.prev = config.mode
+        _switch(mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _switch(self.prev)
+        return False
+
+    def __repr__(self):
+        return f"<lazyrt mode {config.mode!r}>"
+
+
+def _switch(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"lazyrt: unknown mode {mode!r}; valid modes are "
+                         + ", ".join(repr(m) for m in MODES))
+    if config.mode == "defer" and mode != "defer":
+        _defer.flush(reason="mode switch")
+    config.mode = mode
+
+
+def set_mode(mode: str | EagerMode) -> _ModeContext:
+    """Set the execution mode ('strict', 'debug' or 'defer'); usable as a context manager."""
+    if isinstance(mode, EagerMode):
+        mode = mode.value
+    return _ModeContext(mode)
+
+
+def get_mode() -> str:
+    return config.mode
+
+
+def set_eager_mode(mode: EagerMode) -> _ModeContext:
+    """TorchTPU's API: ``torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)``."""
+    if not isinstance(mode, EagerMode):
+        raise TypeError(f"set_eager_mode expects a torch.tpu.EagerMode, got {mode!r}")
+    return _ModeContext(mode.value)
+
+
+def eager_mode() -> EagerMode:
+    return {v.value: v for v in EagerMode}[config.mode]
+
+
+def sync() -> None:
+    """The sync point: flush the pending trace (defer) and wait for all dispatched work."""
+    _defer.flush(reason="lazyrt.sync")
+    (jax.device_put(0) + 0).block_until_ready()
+    jax.effects_barrier()
+
+
+def invalidate_compiled(ops=None, change=None) -> None:
+    """THE plan-invalidation path. Flush pending work (lowerings are traced at the flush,
+    so it must run under the old setting), apply ``change()``, then drop the compiled
+    plans of ``ops`` (and their in-place/out= variants), or of everything when ``ops`` is
+    None (view programs and defer executables too). The next call re-plans."""
+    sync()
+    if change is not None:
+        change()
+    dropped = _resolve.invalidate_plans(ops)
+    _strict.drop(dropped)
+    if ops is None:
+        _views.clear()
+        _defer.clear_cache()
+
+
+def set_pallas(policy: str) -> str:
+    """Set the Pallas policy ('auto', 'on', 'off'; as ``LAZYRT_PALLAS``) and drop the
+    compiled forms of the routed ops so it takes effect at once. Returns the old one."""
+    from . import _pallas
+
+    policy = str(policy).strip().lower()
+    if policy not in _pallas.POLICIES:
+        raise ValueError(f"lazyrt: pallas policy {policy!r} must be one of {_pallas.POLICIES}")
+    prev = config.pallas
+    if policy != prev:
+        invalidate_compiled(_pallas.routed_ops(), change=lambda: setattr(config, "pallas", policy))
+    return prev
+
+
+def set_matmul_precision(set_precision, precision: str) -> None:
+    """``torch.set_float32_matmul_precision(precision)`` (``set_precision`` is torch's own):
+    lowerings and compiled plans bake the precision in."""
+    invalidate_compiled(None, change=lambda: set_precision(precision))
+
+
+def set_cpu_fallback(enabled: bool = True) -> None:
+    """Run ops with no tpu lowering on the CPU (warning once per op) instead of raising."""
+    config.cpu_fallback = bool(enabled)

@@ -1,0 +1,160 @@
+"""Ops the generic handlers cannot express: host transfers, host-visible results, and
+boolean-mask indexing. ``SPECIAL`` maps each to its handler; the resolver gives it
+precedence over everything else (the op's lowering, if any, stays on the entry as
+``entry.fn`` for the handler to use).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._handlers import functional, mutating
+from ._tensor import TpuTensor
+from ._values import concrete, from_cpu, to_cpu
+from .metrics import COUNTERS
+
+aten = torch.ops.aten
+
+
+def to_copy(e, args, kwargs):
+    """``_to_copy``: to another device (a host transfer) or a dtype/layout change on tpu."""
+    x = args[0]
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type != "tpu":
+        c = to_cpu(x)
+        dtype = kwargs.get("dtype")
+        if dtype is not None and dtype != c.dtype:
+            c = c.to(dtype)
+        mf = kwargs.get("memory_format")
+        if mf is not None and mf is not torch.preserve_format:
+            c = c.contiguous(memory_format=mf)
+        return c.to(dev) if torch.device(dev).type != "cpu" else c
+    kw = dict(kwargs)
+    kw.pop("non_blocking", None)
+    return functional(e, [x], kw)
+
+
+def copy_(e, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, TpuTensor):
+        # tpu -> cpu (or another device)
+        dst.copy_(to_cpu(src))
+        return dst
+    if isinstance(src, TpuTensor):
+        return mutating(e, args, kwargs)
+    # host -> tpu: one transfer, then the same broadcast/cast rule
+    if src.device.type == "meta":
+        raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+    return mutating(e, (dst, from_cpu(src.detach())) + tuple(args[2:]), kwargs)
+
+
+def local_scalar_dense(e, args, kwargs):
+    t = args[0]
+    arr = np.asarray(concrete(t))
+    COUNTERS["transfers_to_host"] += 1
+    v = arr.reshape(()).item()
+    if t.dtype == torch.bool:
+        return bool(v)
+    if t.dtype.is_floating_point:
+        return float(v)
+    if t.dtype.is_complex:
+        return complex(v)
+    return int(v)
+
+
+def equal(e, args, kwargs):
+    a, b = args
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    return bool(aten.eq.Tensor(a, b).all().item())
+
+
+def allclose(e, args, kwargs):
+    a, b = args[0], args[1]
+    rest = dict(zip(("rtol", "atol", "equal_nan"), args[2:]))
+    rest.update(kwargs)
+    return bool(aten.isclose.default(a, b, **rest).all().item())
+
+
+def is_nonzero(e, args, kwargs):
+    t = args[0]
+    n = t.numel()
+    if n == 0:
+        raise RuntimeError("Boolean value of Tensor with no values is ambiguous")
+    if n > 1:
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+    return bool(local_scalar_dense(e, (t,), {}))
+
+
+def _bool_to_long_indices(indices):
+    """PyTorch's expandTensors: a bool/uint8 mask index becomes its nonzero coordinates."""
+    out = []
+    for idx in indices:
+        if idx is not None and idx.dtype in (torch.bool, torch.uint8):
+            nz = aten.nonzero.default(idx if isinstance(idx, TpuTensor) else idx.to("tpu"))
+            for j in range(idx.dim()):
+                out.append(aten.select.int(nz, 1, j))
+        else:
+            out.append(idx)
+    return out
+
+
+def index(e, args, kwargs):
+    x, indices = args[0], args[1]
+    return functional(e, (x, _bool_to_long_indices(indices)) + tuple(args[2:]), kwargs)
+
+
+def index_put(e, args, kwargs):
+    x, indices, values = args[0], args[1], args[2]
+    rest = tuple(args[3:])
+    # x[mask] = scalar-like: a where(), no sync.
+    if (len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool
+            and isinstance(indices[0], TpuTensor) and values.numel() == 1
+            and tuple(indices[0].shape) == tuple(x.shape[: indices[0].dim()])):
+        accumulate = rest[0] if rest else kwargs.get("accumulate", False)
+        if not accumulate:
+            mask = indices[0]
+            for _ in range(x.dim() - mask.dim()):
+                mask = aten.unsqueeze.default(mask, -1)
+            v = values if isinstance(values, TpuTensor) else from_cpu(values)
+            v = aten.reshape.default(v, []) if v.dim() else v
+            newv = aten.where.self(mask, aten._to_copy.default(v, dtype=x.dtype), x)
+            if e.mut:
+                return aten.copy_.default(x, newv)
+            return newv
+    handler = mutating if e.mut else functional
+    return handler(e, (x, _bool_to_long_indices(indices), values) + rest, kwargs)
+
+
+def is_pinned(e, args, kwargs):
+    return False
+
+
+def resize_(e, args, kwargs):
+    self, size = args[0], args[1]
+    if tuple(self.shape) == tuple(size):
+        return self
+    raise RuntimeError(f"lazyrt: resizing a tpu tensor from {list(self.shape)} to {list(size)} "
+                       f"is not supported")
+
+
+def record_stream(e, args, kwargs):
+    return None
+
+
+SPECIAL = {
+    aten._to_copy.default: to_copy,
+    aten.copy_.default: copy_,
+    aten._local_scalar_dense.default: local_scalar_dense,
+    aten.equal.default: equal,
+    aten.allclose.default: allclose,
+    aten.is_nonzero.default: is_nonzero,
+    aten.is_pinned.default: is_pinned,
+    aten.resize_.default: resize_,
+    aten.record_stream.default: record_stream,
+    aten.index.Tensor: index,
+    aten.index_put.default: index_put,
+    aten.index_put_.default: index_put,
+}

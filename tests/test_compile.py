@@ -1,0 +1,333 @@
+"""``torch.compile`` on tpu: the ``"tpu"`` Dynamo backend, against CPU eager."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _util import assert_close
+
+import lazyrt
+from lazyrt import metrics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _c():
+    return metrics.counters()
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.gelu(self.fc1(x))))
+
+
+# ---- backend choice -----------------------------------------------------------------------
+
+
+def test_tpu_inputs_pick_the_tpu_backend(mode):
+    def f(x, y):
+        return (x @ y).relu().sum(0) * 2
+
+    x, y = torch.randn(4, 3), torch.randn(3, 5)
+    before = _c()["compiled_modules"]
+    got = torch.compile(f)(x.to("tpu"), y.to("tpu"))
+    assert _c()["compiled_modules"] == before + 1
+    assert_close(got.cpu(), f(x, y))
+    assert got.device.type == "tpu"
+
+
+def test_cpu_inputs_keep_the_default_backend():
+    def f(x):
+        return x.sin() + 1
+
+    before = _c()["compiled_modules"]
+    x = torch.randn(5)
+    assert_close(torch.compile(f, backend="eager")(x), f(x))
+    assert _c()["compiled_modules"] == before
+
+
+def test_inductor_with_tpu_inputs_is_a_clear_error():
+    m = MLP().to("tpu")
+    with pytest.raises(RuntimeError, match="inductor.*tpu"):
+        torch.compile(m, backend="inductor")
+    f = torch.compile(lambda x: x + 1, backend="inductor")
+    with pytest.raises(RuntimeError, match="inductor.*tpu"):
+        f(torch.ones(2, device="tpu"))
+
+
+def test_dynamic_true_is_refused():
+    with pytest.raises(ValueError, match="dynamic=True"):
+        torch.compile(MLP().to("tpu"), dynamic=True)
+
+
+def test_backend_by_name_and_entry_point():
+    from importlib.metadata import entry_points
+
+    names = {ep.name: ep.value for ep in entry_points(group="torch_dynamo_backends")}
+    assert names.get("tpu") == "lazyrt._compile.backend:tpu_backend"
+    devices = {ep.name: ep.value for ep in entry_points(group="torch.backends")}
+    assert devices.get("tpu") == "lazyrt._autoload:load"
+    x = torch.randn(3, 3)
+    got = torch.compile(lambda a: a.exp() * a, backend="tpu")(x.to("tpu"))
+    assert_close(got.cpu(), x.exp() * x)
+
+
+def test_import_torch_alone_gives_the_device_and_import_lazyrt_no_dynamo():
+    code = ("import sys, torch\n"
+            "assert 'lazyrt' in sys.modules and 'torch._dynamo' not in sys.modules\n"
+            "print((torch.ones(2, device='tpu') + 1).cpu().tolist())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[2.0, 2.0]"
+
+
+# ---- one program per graph ----------------------------------------------------------------
+
+
+def _train(model, x, steps, compile_step=False):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = torch.compile(opt.step) if compile_step else opt.step
+    losses, counts = [], []
+    for _ in range(steps):
+        before = _c()
+        loss = model(x).square().mean()
+        loss.backward()
+        step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        after = _c()
+        counts.append({k: after[k] - before[k] for k in
+                       ("flushes", "cache_misses", "compiled_calls", "compiled_eager_calls")})
+    return losses, counts
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager_step", "compiled_step"])
+def test_training_matches_cpu_one_flush_per_step(mode, compile_step):
+    torch.manual_seed(0)
+    ref = MLP()
+    model = MLP()
+    model.load_state_dict(ref.state_dict())
+    model = model.to("tpu")
+    model.compile()
+    x = torch.randn(6, 8)
+    ref_losses, _ = _train(ref, x, 4)
+    losses, counts = _train(model, x.to("tpu"), 4, compile_step)
+    for a, b in zip(losses, ref_losses):
+        assert a == pytest.approx(b, rel=1e-4)
+    assert_close(model.fc1.weight.cpu(), ref.fc1.weight, rtol=1e-4, atol=1e-5)
+    graphs = 3 if compile_step else 2  # forward, backward (and the optimizer step)
+    for c in counts:
+        assert c["compiled_calls"] == graphs and c["compiled_eager_calls"] == 0
+    if mode == "defer":
+        assert all(c["flushes"] == 1 for c in counts)  # + the sync of loss.item()
+        assert all(c["cache_misses"] == 0 for c in counts[2:])
+
+
+def test_compiled_graph_is_one_strict_executable():
+    with lazyrt.set_mode("strict"):
+        f = torch.compile(lambda x: ((x * 2).sin() + x.cos()).sum(1))
+        x = torch.randn(4, 6, device="tpu")
+        f(x)
+        before = _c()
+        out = f(x)
+        after = _c()
+    assert after["executions"] - before["executions"] == 1
+    assert after["cache_misses"] == before["cache_misses"]
+    assert_close(out.cpu(), ((x.cpu() * 2).sin() + x.cpu().cos()).sum(1))
+
+
+def test_compiled_graph_is_one_node_of_the_pending_trace():
+    with lazyrt.set_mode("defer"):
+        f = torch.compile(lambda x: ((x * 2).sin() + x.cos()).sum(1))
+        x = torch.randn(4, 6, device="tpu")
+        lazyrt.sync()
+        y = f(x) + 1  # compiled graph, then an eager op: one trace
+        text = lazyrt.graph(y)
+        assert "compiled_inference" in text and "add" in text
+        assert "func.func" in lazyrt.hlo(y)
+        before = _c()["flushes"]
+        got = y.cpu()
+        assert _c()["flushes"] == before + 1
+    assert_close(got, ((x.cpu() * 2).sin() + x.cpu().cos()).sum(1) + 1)
+
+
+# ---- semantics ----------------------------------------------------------------------------
+
+
+def test_graph_breaks_run_eagerly(mode):
+    def f(x):
+        y = x * 2
+        if y.sum().item() > 0:  # .item(): a graph break
+            y = y + 1
+        print("between graphs")
+        idx = torch.nonzero(y > 1)  # data-dependent shape: a graph break
+        return y.exp(), idx
+
+    x = torch.randn(5, 3)
+    got, idx = torch.compile(f)(x.to("tpu"))
+    ref, ridx = f(x)
+    assert_close(got.cpu(), ref)
+    assert torch.equal(idx.cpu(), ridx)
+
+
+def test_output_strides_and_views_match_eager(mode):
+    def f(x):
+        return (x * 2).t(), x[1:, ::2] + 0, (x + 1).unsqueeze(0).expand(2, 3, 4)
+
+    x = torch.randn(3, 4)
+    outs = torch.compile(f)(x.to("tpu"))
+    for g, r in zip(outs, f(x)):
+        assert g.shape == r.shape and g.stride() == r.stride()
+        assert_close(g.cpu(), r)
+
+
+def test_input_mutation_and_aliasing(mode):
+    def f(x, buf):
+        buf.add_(x)  # mutates an input
+        v = buf.view(-1)
+        return v * 2, buf
+
+    x, buf = torch.randn(2, 3), torch.zeros(2, 3)
+    tx, tbuf = x.to("tpu"), buf.to("tpu")
+    cf = torch.compile(f)
+    out, same = cf(tx, tbuf)
+    out2, _ = cf(tx, tbuf)
+    r_out, _ = f(x, buf)
+    r_out2, _ = f(x, buf)
+    assert same is tbuf
+    assert_close(tbuf.cpu(), buf)
+    assert_close(out.cpu(), r_out)
+    assert_close(out2.cpu(), r_out2)
+
+
+def test_index_with_a_python_list(mode):
+    def f(y):
+        return y[[0, 2]] * 2, y[:, [1, 1, 0]]
+
+    x = torch.randn(3, 4, requires_grad=True)
+    tx = x.detach().to("tpu").requires_grad_()
+    a, b = torch.compile(f)(tx)
+    ra, rb = f(x)
+    assert_close(a.cpu(), ra)
+    assert_close(b.cpu(), rb)
+    (a.sum() + b.sum()).backward()
+    (ra.sum() + rb.sum()).backward()
+    assert_close(tx.grad.cpu(), x.grad)
+
+
+def test_dropout_is_seeded_reproducible_and_compiles_once(mode):
+    drop = nn.Dropout(0.5)
+    f = torch.compile(lambda x: drop(x) * 3)
+    x = torch.ones(64, device="tpu")
+    torch.manual_seed(123)
+    a, b = f(x).cpu(), f(x).cpu()
+    graphs = _c()["compiled_graphs"]
+    torch.manual_seed(123)
+    a2, b2 = f(x).cpu(), f(x).cpu()
+    assert _c()["compiled_graphs"] == graphs
+    assert torch.equal(a, a2) and torch.equal(b, b2)
+    assert not torch.equal(a, b)  # a fresh mask per call
+    assert set(a.unique().tolist()) <= {0.0, 6.0}
+
+
+def test_train_eval_and_batch_size_recompile_as_dynamo_decides(mode):
+    m = MLP().to("tpu")
+    m.drop.p = 0.5
+    cm = torch.compile(m)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        m.eval()
+        assert_close(cm(x.to("tpu")).cpu(), MLP.forward(m, x.to("tpu")).cpu())
+        m.train()
+        cm(x.to("tpu"))
+        y = cm(torch.randn(6, 8, device="tpu"))
+    assert y.shape == (6, 4)
+
+
+def test_errors_keep_pytorch_types(mode):
+    f = torch.compile(lambda a, b: torch.linalg.solve(a, b))
+    with pytest.raises(RuntimeError, match="singular"):
+        out = f(torch.zeros(3, 3, device="tpu"), torch.ones(3, 1, device="tpu"))
+        out.cpu()
+
+
+def test_an_op_without_lowering_runs_the_graph_eagerly(mode):
+    lib = torch.library.Library("lazyrt_compile_test", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+    lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+    f = torch.compile(lambda x: torch.ops.lazyrt_compile_test.twice(x.sin()) + 1)
+    before = _c()["compiled_eager_calls"]
+    x = torch.randn(4)
+    with pytest.raises(NotImplementedError, match=r"lazyrt_compile_test\.twice"):
+        f(x.to("tpu")).cpu()
+    assert _c()["compiled_eager_calls"] > before
+
+
+def test_no_lazyrt_or_jax_frame_is_ever_compiled(mode):
+    from torch._dynamo.convert_frame import input_codes
+
+    def f(x):
+        lazyrt.sync()  # calls into lazyrt from a compiled frame
+        torch.tpu.synchronize()
+        return repr(x * 2), x.sum().item()
+
+    torch.compile(f)(torch.ones(3, device="tpu"))
+    m = MLP().to("tpu")
+    torch.compile(m)(torch.ones(2, 8, device="tpu")).sum().backward()
+    files = {ref().co_filename for ref in input_codes.seen if ref() is not None}
+    bad = [p for p in files if f"{os.sep}lazyrt{os.sep}" in p or f"{os.sep}jax{os.sep}" in p]
+    assert bad == []
+
+
+def test_torch_logs_show_recompiles_and_graph_breaks():
+    code = ("import torch\n"
+            "f = torch.compile(lambda x: (x * 2).sum().item() + (x + 1).sum().item())\n"
+            "f(torch.ones(3, device='tpu'))\n"
+            "f(torch.ones(4, device='tpu'))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                             TORCH_LOGS="recompiles,graph_breaks"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Graph break" in r.stderr and "Recompiling" in r.stderr
+
+
+# ---- Hugging Face static-cache generation -------------------------------------------------
+
+
+def test_hf_static_cache_generation_matches_cpu_and_compiles_once(mode):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 5))
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    model = model.to("tpu")
+    before = _c()
+    out = model.generate(ids.to("tpu"), max_new_tokens=6, do_sample=False,
+                         cache_implementation="static")
+    after = _c()
+    assert out.cpu().tolist() == ref.tolist()
+    assert after["compiled_graphs"] - before["compiled_graphs"] == 1  # one decoding graph
+    assert after["compiled_calls"] - before["compiled_calls"] == 5  # every decoding step

@@ -1,0 +1,172 @@
+"""The shape of the runtime: imports point one way, observers import nothing above them,
+modules stay small, every torch monkeypatch sits in ``_patches``."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "lazyrt"
+MAX_LINES = 500
+
+
+def _modules():
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(parts), p
+
+
+def _top_level_imports(name: str, path: pathlib.Path) -> set:
+    """lazyrt modules imported at module level (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                if node.level > 1:
+                    base = base[:-(node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("lazyrt"):
+                continue
+            if node.module is None or _is_package(mod):
+                for a in node.names:
+                    sub = f"{mod}.{a.name}"
+                    out.add(sub if _exists(sub) else mod)
+            else:
+                out.add(mod)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("lazyrt"))
+    out.discard(name)
+    return out
+
+
+def _exists(mod: str) -> bool:
+    p = PKG.parent.joinpath(*mod.split("."))
+    return p.with_suffix(".py").exists() or (p / "__init__.py").exists()
+
+
+def _is_package(mod: str) -> bool:
+    return (PKG.parent.joinpath(*mod.split(".")) / "__init__.py").exists()
+
+
+GRAPH = {name: _top_level_imports(name, path) for name, path in _modules()}
+
+
+def test_imports_form_no_cycle():
+    seen, stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            cycles.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for d in GRAPH.get(m, ()):
+            # a package's __init__ importing its submodules is not a dependency back
+            if d != "lazyrt" and not (m.startswith(d + ".") and _is_package(d)):
+                visit(d)
+        stack.pop()
+
+    for m in GRAPH:
+        if m != "lazyrt":
+            visit(m)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("observer", ["lazyrt.memory", "lazyrt.metrics"])
+def test_observers_import_nothing_above_them(observer):
+    allowed = {"lazyrt.metrics", "lazyrt._source"}
+    assert GRAPH[observer] <= allowed
+
+
+def test_lowerings_do_not_import_the_runtime():
+    runtime = {"lazyrt._dispatch", "lazyrt._resolve", "lazyrt._handlers", "lazyrt._values",
+               "lazyrt._defer", "lazyrt._strict", "lazyrt._plan", "lazyrt._tensor"}
+    for m, deps in GRAPH.items():
+        if m.startswith("lazyrt.lowering"):
+            assert not (deps & runtime), (m, deps & runtime)
+
+
+def test_modules_are_small():
+    big = []
+    for name, path in _modules():
+        if name.startswith("lazyrt.lowering."):
+            continue  # lowering families hold one function per op
+        n = len(path.read_text().splitlines())
+        if n > MAX_LINES:
+            big.append((name, n))
+    assert big == []
+
+
+def test_torch_is_patched_only_in_patches():
+    """No module but ``_patches`` assigns to an attribute of torch."""
+    offenders = []
+    for name, path in _modules():
+        if name == "lazyrt._patches":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    root = t
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    if (isinstance(t, ast.Attribute) and isinstance(root, ast.Name)
+                            and root.id in ("torch", "sr", "optim_mod")):
+                        offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []
+
+
+def test_patched_torch_attributes_still_exist():
+    """Each patch targets an attribute of torch 2.13; a torch upgrade that moves one fails
+    here, by name, rather than silently unpatched."""
+    import torch._library.simple_registry as sr
+    import torch.autograd.graph
+    import torch.optim.optimizer as optim_mod
+
+    from lazyrt import _patches
+
+    assert _patches._installed
+    assert torch.autograd.graph._engine_run_backward.__name__ == "_engine_run_backward"
+    assert sr.find_torch_dispatch_rule.__module__ == "lazyrt._patches"
+    assert torch.set_float32_matmul_precision.__module__ == "lazyrt._patches"
+    assert torch.nn.Module._apply.__module__ == "lazyrt._patches"
+    assert lazyrt_tensor() in optim_mod._foreach_supported_types
+
+
+def lazyrt_tensor():
+    import lazyrt
+
+    return lazyrt.TpuTensor
+
+
+def test_any_module_can_be_imported_first():
+    """Importing any lazyrt module first (in a fresh interpreter) leaves a working device."""
+    # (``import lazyrt.x`` runs lazyrt/__init__ first anyway; the acyclic import graph
+    # above is the real check. A few starts, each ~2 s.)
+    names = ["lazyrt._values", "lazyrt.lowering.pointwise", "lazyrt._compile.graph"]
+    code = ("import importlib, sys, torch\n"
+            "importlib.import_module(sys.argv[1])\n"
+            "x = torch.ones(3, device='tpu')\n"
+            "assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]\n")
+    for n in names:
+        r = subprocess.run([sys.executable, "-c", code, n], capture_output=True, text=True,
+                           timeout=120, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, (n, r.stderr[-2000:])
+
+
+def test_tpu_module_api():
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.eager_mode in tuple(torch.tpu.EagerMode)
