@@ -740,9 +740,13 @@ def _close(actual, expected, rtol, atol, what):
 
 
 def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e-5,
-                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS, compile=False, stats=None):
+                 step_rtol=1e-4, step_atol=1e-4, steps=STEPS, compile=False, stats=None,
+                 allow_unused=False):
     """``compile``: the tpu model runs under ``model.compile()`` (torch.compile);
-    ``stats``: a list that gets lazyrt's counters after each tpu step."""
+    ``stats``: a list that gets lazyrt's counters after each tpu step;
+    ``allow_unused``: parameters the loss does not reach (no gradient on CPU, e.g. a
+    mask token only used in pre-training) are allowed; they must have none on tpu either.
+    """
     torch.manual_seed(0)
     ref_model = model_fn()
     tpu_model = copy.deepcopy(ref_model).to("tpu")
@@ -764,8 +768,14 @@ def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e
     _close(g_out, r_out, rtol, atol, "forward output")
     assert g_grads.keys() == r_grads.keys()
     missing = [k for k, v in r_grads.items() if v is None]
-    assert not missing, f"reference model has parameters without gradient: {missing}"
+    if allow_unused:
+        extra = [k for k in missing if g_grads[k] is not None]
+        assert not extra, f"gradient on tpu for parameters without one on CPU: {extra}"
+    else:
+        assert not missing, f"reference model has parameters without gradient: {missing}"
     for k in r_grads:
+        if r_grads[k] is None:
+            continue
         assert g_grads[k] is not None, f"{k}: no gradient on tpu"
         _close(g_grads[k], r_grads[k], rtol, atol, f"grad {k}")
     for i, (a, b) in enumerate(zip(g_losses, r_losses)):

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
-from ._registry import aten, lower
+from ._registry import aten, lower, to_jax_dtype
 from ._util import matmul_precision
 
 
@@ -101,3 +102,38 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     if isinstance(beta, int) and beta == 0:
         return out
     return out + beta * self
+
+
+# ---- grouped matmul (mixture-of-experts) ------------------------------------------------------
+
+
+def _ragged(lhs, rhs, sizes, lhs_ragged, contract, rhs_group):
+    dn = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(contract, ([], [])), lhs_ragged_dimensions=[lhs_ragged],
+        rhs_group_dimensions=rhs_group)
+    return lax.ragged_dot_general(
+        lhs, rhs, sizes, dn, precision=matmul_precision(),
+        preferred_element_type=jnp.float32 if lhs.dtype in (jnp.bfloat16, jnp.float16) else None)
+
+
+@lower(aten._grouped_mm.default)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """``offs`` holds the (int32) end of every group along the ragged dimension:
+    2-D x 3-D: rows of ``self`` (out[rows of g] = self[rows of g] @ mat2[g]);
+    2-D x 2-D: the contracted dimension (out[g] = self[:, ks of g] @ mat2[ks of g]);
+    3-D x 2-D: columns of ``mat2`` (out[:, cols of g] = self[g] @ mat2[:, cols of g]);
+    3-D x 3-D: no offs, a batched matmul. Rows/columns past the last offset are zeros
+    (PyTorch leaves them unwritten)."""
+    if bias is not None:
+        raise NotImplementedError("_grouped_mm: bias is not supported (nor on CPU)")
+    dt = to_jax_dtype(out_dtype) if out_dtype is not None else self.dtype
+    if self.ndim == 3 and mat2.ndim == 3:
+        return _dot(self, mat2).astype(dt)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
+    if self.ndim == 2 and mat2.ndim == 3:
+        out = _ragged(self, mat2, sizes, 0, ([1], [1]), [0])
+    elif self.ndim == 2:
+        out = _ragged(self, mat2, sizes, 1, ([1], [0]), [])
+    else:  # (N, K) of mat2^T ragged over N, against self^T (G, K, M) grouped
+        out = _ragged(mat2.T, jnp.swapaxes(self, 1, 2), sizes, 0, ([1], [1]), [0]).T
+    return out.astype(dt)

@@ -184,6 +184,10 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nd = x.ndim - 2
+    # ATen takes a one-element list for every spatial dim (``padding="valid"`` gives [0]).
+    stride, padding, dilation, output_padding = (
+        tuple(v) * nd if len(v) == 1 else tuple(v)
+        for v in (stride, padding, dilation, output_padding))
     dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + "DHW"[3 - nd:], "OI" + "DHW"[3 - nd:],
                                                        "NC" + "DHW"[3 - nd:]))
     prec = matmul_precision()
@@ -211,11 +215,10 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 
 @lower(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    unbatched = False
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
-    return out if not unbatched else out[0]
+    return out
 
 
 @lower(aten.convolution_backward.default)
