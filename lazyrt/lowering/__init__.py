@@ -19,4 +19,6 @@ from . import (  # noqa: F401
     special,
     views,
 )
+# Last: derives backward lowerings from the forward lowerings registered above.
+from . import derived_backward  # noqa: F401,E402
 from ._registry import LOWERINGS, lower  # noqa: F401

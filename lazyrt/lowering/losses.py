@@ -52,7 +52,10 @@ def _ctc(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity
         a2 = jnp.where(allow2, a2, neg)
         m = jnp.maximum(jnp.maximum(a, a1), a2)
         ms = jnp.where(jnp.isinf(m), 0, m)
-        lse = ms + jnp.log(jnp.exp(a - ms) + jnp.exp(a1 - ms) + jnp.exp(a2 - ms))
+        tot = jnp.exp(a - ms) + jnp.exp(a1 - ms) + jnp.exp(a2 - ms)
+        # -inf where no path reaches s; guarded so jax.vjp of this (the derived
+        # _ctc_loss_backward) gets no 0 * inf = nan from unreachable states
+        lse = jnp.where(tot > 0, ms + jnp.log(jnp.where(tot > 0, tot, 1)), neg)
         new = jnp.where(valid_s, lse + emit(t), neg)
         new = jnp.where(jnp.asarray(t < il)[:, None], new, a)  # freeze past the input length
         return new, new
@@ -91,3 +94,28 @@ def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
     il = np.asarray(input_lengths).reshape(-1).tolist()
     tl = np.asarray(target_lengths).reshape(-1).tolist()
     return _ctc(log_probs, targets, il, tl, blank, zero_infinity)
+
+
+@lower(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+    """Targets of a row are its labels before the first -1 (PyTorch's decomposition
+    counts the masked-out ones too: wrong when a -1 ends a row early)."""
+    x = self if self.ndim == 2 else self.reshape(1, -1)
+    t = target.reshape(x.shape).astype(jnp.int64)
+    dim = x.shape[1]
+    idx = jnp.arange(dim)
+    end = jnp.min(jnp.where(t == -1, idx, dim), axis=1, keepdims=True)
+    valid = idx[None] < end  # N, dim: target slot j holds a label
+    tj = jnp.where(valid, t, 0)
+    is_target = jnp.any((idx[None, None, :] == tj[:, :, None]) & valid[:, :, None], axis=1)
+    u = jnp.take_along_axis(x, tj, axis=1)  # N, dim: input at each target label
+    z = jnp.maximum(1 - u[:, :, None] + x[:, None, :], 0) / dim  # N, j, i
+    z = jnp.where(valid[:, :, None] & ~is_target[:, None, :], z, 0)
+    per = jnp.sum(z, axis=(1, 2))
+    if reduction == 1:
+        out = jnp.mean(per)
+    elif reduction == 2:
+        out = jnp.sum(per)
+    else:
+        out = per if self.ndim == 2 else per.reshape(())
+    return out, is_target.astype(self.dtype).reshape(target.shape)
