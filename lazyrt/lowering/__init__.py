@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     indexing,
     linalg,
     linalg_decomp,
+    linalg_solvers,
     losses,
     nn,
     pointwise,

@@ -95,4 +95,5 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     out = alpha * jnp.outer(vec1, vec2)
     if isinstance(beta, int) and beta == 0:
         return out
-    return out + beta * self
+    # beta == 0 ignores self (NaN included), also as a runtime float
+    return out + jnp.where(beta == 0, 0, beta * self)

@@ -147,7 +147,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 @lower(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     x = opmath(input)
-    xr = x.reshape(N, group, -1)
+    xr = x.reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(xr, axis=-1)
     var = jnp.mean(jnp.square(xr - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -163,11 +163,11 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
     x = opmath(input)
     g = opmath(grad_out)
-    xr = x.reshape(N, group, -1)
+    xr = x.reshape(N, group, (C // group) * HxW)
     xhat = ((xr - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     w = weight if weight is not None else jnp.ones((C,), x.dtype)
-    gw = (g * _bshape(x, w)).reshape(N, group, -1)
-    xh = xhat.reshape(N, group, -1)
+    gw = (g * _bshape(x, w)).reshape(N, group, (C // group) * HxW)
+    xh = xhat.reshape(N, group, (C // group) * HxW)
     m = gw.shape[-1]
     dx = None
     if output_mask[0]:
@@ -184,6 +184,10 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     nd = x.ndim - 2
+    # ATen expands a one-value stride/padding/dilation to every spatial dim
+    stride, padding, dilation, output_padding = (
+        tuple(v) * nd if len(v) == 1 else tuple(v)
+        for v in (stride, padding, dilation, output_padding))
     dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + "DHW"[3 - nd:], "OI" + "DHW"[3 - nd:],
                                                        "NC" + "DHW"[3 - nd:]))
     prec = matmul_precision()
