@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     pointwise,
     pooling,
     random_ops,
+    resampling,
     reductions,
     rnn,
     special,

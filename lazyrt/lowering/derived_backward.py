@@ -249,9 +249,8 @@ derive(aten._ctc_loss_backward.Tensor, aten._ctc_loss.Tensor, ("log_probs",), ("
 
 # ---- distances, weight norm -------------------------------------------------------------------
 
-derive(aten._cdist_backward.default, aten._cdist_forward.default, ("x1",), ("grad",),
-       compute_mode=Const(None))
-derive(aten._pdist_backward.default, aten._pdist_forward.default, ("self",), ("grad",))
+# _cdist_backward / _pdist_backward are hand-written (nn.py): PyTorch's formulas give zero at
+# zero distances and the full gradient to every tie of the inf-norm, where the vjp divides it.
 derive(aten._weight_norm_interface_backward.default, aten._weight_norm_interface.default,
        ("v", "g"), ("grad_w", None), v="saved_v", g="saved_g")
 

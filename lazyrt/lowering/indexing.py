@@ -38,7 +38,12 @@ def index_put(self, indices, values, accumulate=False):
 
 @lower(aten._unsafe_index.Tensor)
 def _unsafe_index(self, indices):
-    return index(self, indices)
+    # Clamped explicitly: a decomposition may index one past the end (upsample_linear1d with
+    # a scale larger than its sizes imply); JAX's gather clamps that but the scatter of its
+    # vjp would drop it, so the derived backward would lose that gradient.
+    idx = tuple(i if isinstance(i, slice) else jnp.clip(i, 0, max(self.shape[d] - 1, 0))
+                for d, i in enumerate(_index_tuple(self, indices)))
+    return self[idx]
 
 
 @lower(aten._unsafe_index_put.default)
@@ -60,6 +65,8 @@ def gather(self, dim, index, *, sparse_grad=False):
     if index.size == 0:  # PyTorch accepts any rank for an empty index
         return jnp.zeros(index.shape, self.dtype)
     d = canon_dim(dim, self.ndim)
+    # index may be smaller than self in the other dims (scatter's backward gathers so)
+    self = self[tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))]
     return jnp.take_along_axis(self, index.astype(jnp.int64), axis=d, mode="clip")
 
 
@@ -99,6 +106,8 @@ def scatter_reduce_legacy(self, dim, index, src, *, reduce):
 
 @lower(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
+    if index.size == 0:
+        return self
     if self.ndim == 0:
         return self + (src.reshape(()) if index.size else 0)
     idx = _scatter_index(self, dim, index)
@@ -430,3 +439,15 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
 
     out = jax.vmap(one)(x, lens)
     return out.reshape(lead + (nseg,) + rest)
+
+
+@lower(aten.repeat_interleave.Tensor, data_dependent=True)
+def repeat_interleave_tensor(repeats, *, output_size=None):
+    """Index i repeated repeats[i] times (the output length is the repeats' sum)."""
+    r = np.asarray(repeats).reshape(-1).astype(np.int64)
+    if (r < 0).any():
+        raise RuntimeError("repeats can not be negative")
+    out = np.repeat(np.arange(r.size, dtype=np.int64), r)
+    if output_size is not None and output_size != out.size:
+        raise RuntimeError("allocated size does not match required size")
+    return jnp.asarray(out)

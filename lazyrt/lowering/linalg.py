@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._registry import aten, lower
-from ._util import matmul_precision
+from .._xla import on_cpu
+from ._util import jdt, matmul_precision
 
 
 def _dot(a, b):
@@ -97,3 +98,36 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
         return out
     # beta == 0 ignores self (NaN included), also as a runtime float
     return out + jnp.where(beta == 0, 0, beta * self)
+
+
+@lower(aten._grouped_mm.default)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """Grouped GEMM (mixture-of-experts). ``offs``: int32 cumulative group ends along the
+    ragged dim. 2-D x 3-D: row group g of ``self`` times ``mat2[g]``; 3-D x 2-D: ``self[g]``
+    times column group g of ``mat2``; 2-D x 2-D: one product per group of the contraction
+    dim (-> [G, M, N]); 3-D x 3-D: bmm. Rows/columns past ``offs[-1]`` are zero (PyTorch
+    leaves them unwritten)."""
+    a, b = self, mat2
+    pref = jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None
+    prec = matmul_precision()
+    if a.ndim == 3 and b.ndim == 3:
+        out = jnp.matmul(a, b, precision=prec, preferred_element_type=pref)
+    else:
+        if pref is not None and on_cpu():  # XLA:CPU has no bf16 x bf16 -> f32 ragged dot
+            a, b, pref = a.astype(pref), b.astype(pref), None
+        ends = offs.astype(jnp.int32)
+        sizes = jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+        if a.ndim == 2 and b.ndim == 3:
+            out = lax.ragged_dot(a, b, sizes, precision=prec, preferred_element_type=pref)
+        elif a.ndim == 3 and b.ndim == 2:
+            out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, precision=prec,
+                                 preferred_element_type=pref).T
+        else:
+            k = jnp.arange(a.shape[1])
+            start = ends - sizes
+            member = (k[None, :] >= start[:, None]) & (k[None, :] < ends[:, None])  # G, K
+            out = jnp.einsum("mk,gk,kn->gmn", a, member.astype(a.dtype), b, precision=prec,
+                             preferred_element_type=pref)
+    if bias is not None:
+        out = out + bias
+    return out.astype(jdt(out_dtype) if out_dtype is not None else self.dtype)
