@@ -25,10 +25,7 @@ XFAIL = {
 }
 
 XFAIL_GRAD = {
-    "linalg.solve_ex": "gradient differs for a singular-ish sample (info != 0 path)",
-    "linalg.tensorsolve": "gradient differs (solve_ex backward on this sample)",
-    "logcumsumexp": "gradient differs from CPU autograd on the first sample",
-    "linalg.solve": "gradient differs for the first sample (solve_ex backward)",
+    "logcumsumexp": "a sample of 1e4s: float32 rounding of the forward (associative scan, CPU sums sequentially) is amplified 1e3x by its backward (rel 3e-3)",
     "to": "PyTorch autograd asserts on streams (opt_ready_stream) for this cross-device sample",
 }
 

@@ -287,5 +287,34 @@ def segment_reduce_differentiable(data, reduce, *, lengths=None, indices=None, o
     return jax.vmap(one)(x, lens).reshape(lead + (nseg,) + rest)
 
 
+def _segment_extreme_pytorch_grad(grads, b):
+    """max/min: PyTorch's kernel gives each extreme element (or NaN) the segment's gradient and
+    divides it by the number of them only where it is positive; the vjp splits every tie."""
+    if b["reduce"] not in ("max", "min"):
+        return grads
+    data, output, grad = b["data"], b["output"], b["grad"]
+    lengths, offsets = b["lengths"], b["offsets"]
+    ax = b["axis"] % data.ndim
+    if lengths is None:
+        lengths = offsets[..., 1:] - offsets[..., :-1]
+    lead, n, rest = data.shape[:ax], data.shape[ax], data.shape[ax + 1:]
+    nseg = lengths.shape[-1]
+    x = data.reshape((-1, n) + rest)
+    out = output.reshape((-1, nseg) + rest)
+    g = grad.reshape((-1, nseg) + rest).astype(data.dtype)
+    lens = jnp.broadcast_to(lengths.astype(jnp.int64), lead + (nseg,)).reshape(-1, nseg)
+
+    def one(xb, ob, gb, lb):
+        seg = jnp.searchsorted(jnp.cumsum(lb), jnp.arange(n), side="right")
+        valid = (seg < nseg).reshape((n,) + (1,) * len(rest))
+        s = jnp.minimum(seg, nseg - 1)
+        ext = valid & (jnp.isnan(xb) | (xb == ob[s]))
+        ge = jnp.where(ext, gb[s], 0)
+        count = jnp.zeros((nseg,) + rest, jnp.int32).at[s].add(ext.astype(jnp.int32))[s]
+        return jnp.where((count >= 2) & (ge > 0), ge / jnp.maximum(count, 1).astype(ge.dtype), ge)
+
+    return (jax.vmap(one)(x, out, g, lens).reshape(data.shape),)
+
+
 derive(aten._segment_reduce_backward.default, aten.segment_reduce.default, ("data",), ("grad",),
-       fn=segment_reduce_differentiable)
+       fn=segment_reduce_differentiable, adjust=_segment_extreme_pytorch_grad)

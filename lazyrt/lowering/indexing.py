@@ -191,6 +191,8 @@ def masked_scatter(self, mask, source):
     shape = jnp.broadcast_shapes(self.shape, mask.shape)  # either one may broadcast
     self = jnp.broadcast_to(self, shape)
     mask = jnp.broadcast_to(mask, shape)
+    if source.size == 0:  # nothing to scatter (a True in mask would be an error on the CPU)
+        return self
     pos = jnp.cumsum(mask.reshape(-1)) - 1
     src = source.reshape(-1)
     vals = src[jnp.clip(pos, 0, max(src.size - 1, 0))].reshape(self.shape)
