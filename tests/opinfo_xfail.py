@@ -44,4 +44,7 @@ XFAIL_ALL_SAMPLES = {
 }
 
 # Gradients that fail only on a later sample (LAZYRT_OPINFO_GRAD_SAMPLES / _SAMPLES != 1).
-XFAIL_GRAD_ALL_SAMPLES: dict = {}
+XFAIL_GRAD_ALL_SAMPLES = {
+    "native_layer_norm": "a one-element normalized shape: the exact weight gradient is 0; CPU's "
+                         "saved mean is 1/2 ulp off x, times rstd = 1/sqrt(eps), gives 1.5e-4 (> atol)",
+}
