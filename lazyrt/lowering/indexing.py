@@ -38,7 +38,12 @@ def index_put(self, indices, values, accumulate=False):
 
 @lower(aten._unsafe_index.Tensor)
 def _unsafe_index(self, indices):
-    return index(self, indices)
+    # Clamped explicitly: a decomposition may index one past the end (upsample_linear1d with
+    # a scale larger than its sizes imply); JAX's gather clamps that but the scatter of its
+    # vjp would drop it, so the derived backward would lose that gradient.
+    idx = tuple(i if isinstance(i, slice) else jnp.clip(i, 0, max(self.shape[d] - 1, 0))
+                for d, i in enumerate(_index_tuple(self, indices)))
+    return self[idx]
 
 
 @lower(aten._unsafe_index_put.default)
@@ -57,7 +62,11 @@ def index_select(self, dim, index):
 def gather(self, dim, index, *, sparse_grad=False):
     if self.ndim == 0:
         return self.reshape(index.shape) if index.size else jnp.zeros(index.shape, self.dtype)
+    if index.size == 0:  # PyTorch accepts any rank for an empty index
+        return jnp.zeros(index.shape, self.dtype)
     d = canon_dim(dim, self.ndim)
+    # index may be smaller than self in the other dims (scatter's backward gathers so)
+    self = self[tuple(slice(None) if a == d else slice(0, n) for a, n in enumerate(index.shape))]
     return jnp.take_along_axis(self, index.astype(jnp.int64), axis=d, mode="clip")
 
 
@@ -80,6 +89,10 @@ def scatter(self, dim, index, src):
 
 @lower(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    if self.ndim == 0:
+        src = src.reshape(-1) if hasattr(src, "shape") else src
+        return scatter_reduce_legacy(self.reshape(1), 0, index.reshape(-1), src,
+                                     reduce=reduce).reshape(())
     idx = _scatter_index(self, dim, index)
     if hasattr(src, "shape") and src.ndim:
         src = src[tuple(slice(0, s) for s in index.shape)]
@@ -93,6 +106,8 @@ def scatter_reduce_legacy(self, dim, index, src, *, reduce):
 
 @lower(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
+    if index.size == 0:
+        return self
     if self.ndim == 0:
         return self + (src.reshape(()) if index.size else 0)
     idx = _scatter_index(self, dim, index)
@@ -173,7 +188,11 @@ def index_fill(self, dim, index, value):
 
 @lower(aten.masked_scatter.default)
 def masked_scatter(self, mask, source):
-    mask = jnp.broadcast_to(mask, self.shape)
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)  # either one may broadcast
+    self = jnp.broadcast_to(self, shape)
+    mask = jnp.broadcast_to(mask, shape)
+    if source.size == 0:  # nothing to scatter (a True in mask would be an error on the CPU)
+        return self
     pos = jnp.cumsum(mask.reshape(-1)) - 1
     src = source.reshape(-1)
     vals = src[jnp.clip(pos, 0, max(src.size - 1, 0))].reshape(self.shape)
@@ -216,6 +235,8 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     side = side or ("right" if right else "left")
     seq = sorted_sequence
+    if self.size == 0 or seq.shape[-1] == 0:  # nothing to search, or nothing to search in
+        return jnp.zeros(self.shape, jnp.int64)
     if sorter is not None:
         seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
     if seq.ndim == 1:
@@ -229,6 +250,13 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
 
         out = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(flat_seq, flat_v)
     return out.reshape(self.shape)
+
+
+@lower(aten.searchsorted.Scalar)
+def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None,
+                        sorter=None):
+    return searchsorted(sorted_sequence, jnp.asarray(self), out_int32=out_int32, right=right,
+                        side=side, sorter=sorter)
 
 
 @lower(aten.bucketize.Tensor)
@@ -299,6 +327,11 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
         cnt = np.diff(np.append(np.nonzero(change)[0], flat.size))
         return jnp.asarray(vals), jnp.asarray(inv.astype(np.int64)), jnp.asarray(cnt.astype(np.int64))
     d = canon_dim(dim, a.ndim)
+    if a.shape[d] == 0:
+        return jnp.asarray(a), jnp.zeros((0,), jnp.int64), jnp.zeros((0,), jnp.int64)
+    if a.size == 0:
+        raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique "
+                           "cannot be applied")
     m = np.moveaxis(a, d, 0).reshape(a.shape[d], -1)
     change = np.concatenate([[True], np.any(m[1:] != m[:-1], axis=1)])
     vals = np.moveaxis(np.moveaxis(a, d, 0)[change], 0, d)
@@ -408,3 +441,15 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
 
     out = jax.vmap(one)(x, lens)
     return out.reshape(lead + (nseg,) + rest)
+
+
+@lower(aten.repeat_interleave.Tensor, data_dependent=True)
+def repeat_interleave_tensor(repeats, *, output_size=None):
+    """Index i repeated repeats[i] times (the output length is the repeats' sum)."""
+    r = np.asarray(repeats).reshape(-1).astype(np.int64)
+    if (r < 0).any():
+        raise RuntimeError("repeats can not be negative")
+    out = np.repeat(np.arange(r.size, dtype=np.int64), r)
+    if output_size is not None and output_size != out.size:
+        raise RuntimeError("allocated size does not match required size")
+    return jnp.asarray(out)

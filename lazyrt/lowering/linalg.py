@@ -6,8 +6,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ._registry import aten, lower, to_jax_dtype
-from ._util import matmul_precision
+from .._xla import on_cpu
+from ._registry import aten, lower
+from ._util import jdt, matmul_precision
 
 
 def _dot(a, b):
@@ -101,39 +102,38 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
     out = alpha * jnp.outer(vec1, vec2)
     if isinstance(beta, int) and beta == 0:
         return out
-    return out + beta * self
-
-
-# ---- grouped matmul (mixture-of-experts) ------------------------------------------------------
-
-
-def _ragged(lhs, rhs, sizes, lhs_ragged, contract, rhs_group):
-    dn = lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(contract, ([], [])), lhs_ragged_dimensions=[lhs_ragged],
-        rhs_group_dimensions=rhs_group)
-    return lax.ragged_dot_general(
-        lhs, rhs, sizes, dn, precision=matmul_precision(),
-        preferred_element_type=jnp.float32 if lhs.dtype in (jnp.bfloat16, jnp.float16) else None)
+    # beta == 0 ignores self (NaN included), also as a runtime float
+    return out + jnp.where(beta == 0, 0, beta * self)
 
 
 @lower(aten._grouped_mm.default)
 def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
-    """``offs`` holds the (int32) end of every group along the ragged dimension:
-    2-D x 3-D: rows of ``self`` (out[rows of g] = self[rows of g] @ mat2[g]);
-    2-D x 2-D: the contracted dimension (out[g] = self[:, ks of g] @ mat2[ks of g]);
-    3-D x 2-D: columns of ``mat2`` (out[:, cols of g] = self[g] @ mat2[:, cols of g]);
-    3-D x 3-D: no offs, a batched matmul. Rows/columns past the last offset are zeros
-    (PyTorch leaves them unwritten)."""
+    """Grouped GEMM (mixture-of-experts). ``offs``: int32 cumulative group ends along the
+    ragged dim. 2-D x 3-D: row group g of ``self`` times ``mat2[g]``; 3-D x 2-D: ``self[g]``
+    times column group g of ``mat2``; 2-D x 2-D: one product per group of the contraction
+    dim (-> [G, M, N]); 3-D x 3-D: bmm. Rows/columns past ``offs[-1]`` are zero (PyTorch
+    leaves them unwritten)."""
+    a, b = self, mat2
+    pref = jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None
+    prec = matmul_precision()
+    if a.ndim == 3 and b.ndim == 3:
+        out = jnp.matmul(a, b, precision=prec, preferred_element_type=pref)
+    else:
+        if pref is not None and on_cpu():  # XLA:CPU has no bf16 x bf16 -> f32 ragged dot
+            a, b, pref = a.astype(pref), b.astype(pref), None
+        ends = offs.astype(jnp.int32)
+        sizes = jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+        if a.ndim == 2 and b.ndim == 3:
+            out = lax.ragged_dot(a, b, sizes, precision=prec, preferred_element_type=pref)
+        elif a.ndim == 3 and b.ndim == 2:
+            out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, precision=prec,
+                                 preferred_element_type=pref).T
+        else:
+            k = jnp.arange(a.shape[1])
+            start = ends - sizes
+            member = (k[None, :] >= start[:, None]) & (k[None, :] < ends[:, None])  # G, K
+            out = jnp.einsum("mk,gk,kn->gmn", a, member.astype(a.dtype), b, precision=prec,
+                             preferred_element_type=pref)
     if bias is not None:
-        raise NotImplementedError("_grouped_mm: bias is not supported (nor on CPU)")
-    dt = to_jax_dtype(out_dtype) if out_dtype is not None else self.dtype
-    if self.ndim == 3 and mat2.ndim == 3:
-        return _dot(self, mat2).astype(dt)
-    sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
-    if self.ndim == 2 and mat2.ndim == 3:
-        out = _ragged(self, mat2, sizes, 0, ([1], [1]), [0])
-    elif self.ndim == 2:
-        out = _ragged(self, mat2, sizes, 1, ([1], [0]), [])
-    else:  # (N, K) of mat2^T ragged over N, against self^T (G, K, M) grouped
-        out = _ragged(mat2.T, jnp.swapaxes(self, 1, 2), sizes, 0, ([1], [1]), [0]).T
-    return out.astype(dt)
+        out = out + bias
+    return out.astype(jdt(out_dtype) if out_dtype is not None else self.dtype)

@@ -183,10 +183,10 @@ def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     b = B[..., None] if vec else B
     if not left:
         b = _mT(b)
-    # PyTorch factors A^T (contiguous real A) and solves with adjoint=True.
-    At = _mT(A)
-    lu, piv, info, perm = _lu(At)
-    x = _lu_solve(lu, perm, b, True)
+    # The LU of A itself, as PyTorch 2.13's CPU kernel returns it: linalg_solve's backward
+    # solves with these factors (adjoint=True), so factors of A^T would give wrong gradients.
+    lu, piv, info, perm = _lu(A)
+    x = _lu_solve(lu, perm, b, not left)
     if not left:
         x = _mT(x)
     if vec:

@@ -147,7 +147,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 @lower(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     x = opmath(input)
-    xr = x.reshape(N, group, -1)
+    xr = x.reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(xr, axis=-1)
     var = jnp.mean(jnp.square(xr - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -163,11 +163,11 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
     x = opmath(input)
     g = opmath(grad_out)
-    xr = x.reshape(N, group, -1)
+    xr = x.reshape(N, group, (C // group) * HxW)
     xhat = ((xr - mean[..., None]) * rstd[..., None]).reshape(x.shape)
     w = weight if weight is not None else jnp.ones((C,), x.dtype)
-    gw = (g * _bshape(x, w)).reshape(N, group, -1)
-    xh = xhat.reshape(N, group, -1)
+    gw = (g * _bshape(x, w)).reshape(N, group, (C // group) * HxW)
+    xh = xhat.reshape(N, group, (C // group) * HxW)
     m = gw.shape[-1]
     dx = None
     if output_mask[0]:
@@ -590,6 +590,48 @@ def _pdist_forward(self, p=2.0):
     if x.shape[1] == 0:
         return jnp.zeros((i.size,), x.dtype)
     return _pnorm_last(d, p)
+
+
+def _dist_backward_term(diff, grad, dist, p):
+    """PyTorch's per-coordinate distance backward (Distance.cpp): its conventions at zero
+    distances and at ties of the inf-norm differ from the vjp of the forward."""
+    ad = jnp.abs(diff)
+    sg = jnp.sign(diff)
+    dz = dist == 0
+    safe_dist = jnp.where(dz, 1, dist)
+    pp = jnp.where(jnp.isinf(p) | (p == 0), 2.0, p).astype(diff.dtype)
+    lt2 = jnp.where(dz | ((diff == 0) & (pp < 1)), 0,
+                    sg * jnp.where(ad == 0, 0, ad ** (pp - 1)) * grad / safe_dist ** (pp - 1))
+    two = jnp.where(dz, 0, grad * diff / safe_dist)
+    gen = jnp.where(dz, 0, diff * ad ** (pp - 2) * grad / safe_dist ** (pp - 1))
+    out = jnp.where(pp < 2, lt2, jnp.where(pp == 2, two, gen))
+    out = jnp.where(p == 1, grad * sg, out)
+    out = jnp.where(jnp.isinf(p), grad * sg * (ad == dist), out)
+    return jnp.where(p == 0, 0, out)
+
+
+@lower(aten._cdist_backward.default, static_floats=True)
+def _cdist_backward(grad, x1, x2, p, cdist):
+    # static p: ATen returns zeros shaped like x1 (not the broadcast batch) for p = 0
+    if p == 0 or grad.size == 0 or x1.size == 0 or x2.size == 0:
+        return jnp.zeros_like(x1)
+    a, b = opmath(x1), opmath(x2)
+    diff = a[..., :, None, :] - b[..., None, :, :]  # ..., P, R, M
+    t = _dist_backward_term(diff, grad[..., None].astype(a.dtype), cdist[..., None].astype(a.dtype), p)
+    # over the broadcast batch, like ATen: autograd sums it down to x1's shape
+    return jnp.sum(t, axis=-2).astype(x1.dtype)
+
+
+@lower(aten._pdist_backward.default)
+def _pdist_backward(grad, self, p, pdist):
+    n = self.shape[0]
+    i, j = np.triu_indices(n, 1)
+    x = opmath(self)
+    if i.size == 0:
+        return jnp.zeros_like(self)
+    t = _dist_backward_term(x[i] - x[j], grad[:, None].astype(x.dtype), pdist[:, None].astype(x.dtype), p)
+    out = jnp.zeros_like(x).at[jnp.asarray(i)].add(t).at[jnp.asarray(j)].add(-t)
+    return out.astype(self.dtype)
 
 
 @lower(aten._trilinear.default)

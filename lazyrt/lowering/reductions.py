@@ -377,14 +377,14 @@ def log_softmax(self, dim, half_to_float=False, **_):
 @lower(aten._softmax_backward_data.default)
 def softmax_backward(grad_output, output, dim, input_dtype):
     g, y = opmath(grad_output), opmath(output)
-    d = canon_dim(dim, y.ndim)
+    d = canon_dim(dim, y.ndim) if y.ndim else None  # 0-d: the one element
     return y * (g - jnp.sum(g * y, axis=d, keepdims=True))
 
 
 @lower(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     g, y = opmath(grad_output), opmath(output)
-    d = canon_dim(dim, y.ndim)
+    d = canon_dim(dim, y.ndim) if y.ndim else None  # 0-d: the one element
     return g - jnp.exp(y) * jnp.sum(g, axis=d, keepdims=True)
 
 
