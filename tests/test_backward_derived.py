@@ -66,14 +66,14 @@ def test_grid_sampler_backward_output_mask(mode, nd, interp, padding, mask):
     g = _randn(2, 3, *grid.shape[1:-1], seed=2)
     op = aten.grid_sampler_2d_backward.default if nd == 2 else aten.grid_sampler_3d_backward.default
     for align in (False, True):
-        out = _check_op(op, g, x, grid, interp, padding, align, mask, rtol=1e-4, atol=1e-4)
-        assert [o is not None for o in out] == mask
+        # None where CPU returns None (its grid gradient is computed whatever the mask)
+        _check_op(op, g, x, grid, interp, padding, align, mask, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("nd,pad", [(1, [2, 3]), (2, [2, 3, 1, 0]), (3, [1, 0, 2, 1, 1, 1])])
 def test_replication_pad_backward(mode, nd, pad):
     x = _randn(2, 3, *[3, 4, 5][:nd])
-    out = aten.__getattr__(f"replication_pad{nd}d")(x, pad)
+    out = getattr(aten, f"replication_pad{nd}d")(x, pad)
     g = _randn(*out.shape, seed=1)
     _check_op(getattr(aten, f"replication_pad{nd}d_backward").default, g, x, pad)
 
@@ -93,7 +93,7 @@ def test_multi_margin_loss_backward(mode, p, margin, weighted, reduction):
     x = _randn(5, 4)
     t = torch.tensor([1, 0, 3, 3, 2])
     w = torch.rand(4, generator=_gen(3)) if weighted else None
-    g = _randn(5, seed=1) if reduction == 0 else _randn((), seed=1)
+    g = _randn(5, seed=1) if reduction == 0 else _randn(seed=1)
     _check_op(aten.multi_margin_loss_backward.default, g, x, t, p, margin, w, reduction)
 
 
@@ -130,7 +130,7 @@ def test_pdist_backward(mode, p):
     _check_op(aten._pdist_backward.default, _randn(*d.shape, seed=1), x, p, d, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("dim", [0, 2])  # PyTorch calls the fused op on the first/last dim only
 def test_weight_norm_interface_backward(mode, dim):
     v = _randn(4, 3, 2)
     gshape = [1, 1, 1]
@@ -240,13 +240,17 @@ def test_every_declared_backward_is_registered_and_named():
     assert len(derived_backward.BACKWARDS) >= 20
     for op, spec in derived_backward.BACKWARDS.items():
         low = LOWERINGS[op]
-        name = op.name().split("::")[-1]
+        name = op._schema.name.split("::")[-1]
         if op._overloadname != "default":
             name += "_" + op._overloadname
         if low.fn.__module__ == derived_backward.__name__:  # not hand-written
             assert low.fn.__name__ == low.fn.__qualname__ == name
             assert low.fn.derived_from is spec.forward
             assert getattr(derived_backward, name) is low.fn
+            # derived after the forward's own lowering was registered (import order)
+            fwd = LOWERINGS.get(spec.forward)
+            if fwd is not None:
+                assert low.data_dependent == fwd.data_dependent, op
 
 
 def test_hand_written_backward_is_kept():
@@ -275,13 +279,14 @@ def test_declaration_is_checked_against_the_schemas():
 
 
 def test_decomposed_forward_runs_on_lowerings():
+    import jax
     import jax.numpy as jnp
     import numpy as np
 
     f = jax_fn(aten.upsample_bicubic2d.default)
     assert f.__name__ == "upsample_bicubic2d_decomposed"
     x = _randn(2, 3, 4, 5)
-    with lazyrt._dispatch._X64(True):
+    with jax.enable_x64(True):
         got = f(jnp.asarray(x.numpy()), [7, 3], False, None, None)
     torch.testing.assert_close(torch.from_numpy(np.asarray(got)),
                                aten.upsample_bicubic2d(x, [7, 3], False), rtol=1e-5, atol=1e-5)

@@ -1,10 +1,8 @@
 """ATen -> JAX lowerings, one module per op family. Importing this package fills
 ``_registry.LOWERINGS``."""
-# Last: derives backward lowerings from the forward lowerings registered above.
 from . import (  # noqa: F401
     _registry,
     attention,
-    derived_backward,
     factories,
     fft,
     foreach,
@@ -23,4 +21,8 @@ from . import (  # noqa: F401
     special,
     views,
 )
+
+# isort: split
+# Last: derives backward lowerings from the forward lowerings registered above.
+from . import derived_backward  # noqa: F401
 from ._registry import LOWERINGS, lower  # noqa: F401

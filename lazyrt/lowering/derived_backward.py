@@ -19,7 +19,8 @@ onto its forward, and ``derive`` builds the lowering:
   padding, ``masked_scatter``; the point does not matter), or ``Const(value)``.
   Unnamed ones take the forward's default.
 * ``output_mask``: the backward argument (``bool[]``, one per ``grads``) saying which
-  gradients are wanted; the others are returned as None and not computed.
+  gradients are wanted; the others are returned as None and not computed, except those
+  in ``always`` (PyTorch computes ``grid_sampler``'s grid gradient whatever the mask).
 * ``adjust``: ``adjust(grads, bargs) -> grads`` where PyTorch's backward formula is
   not the mathematical gradient of its forward (``_ctc_loss_backward``).
 
@@ -74,13 +75,14 @@ class Backward:
     output_mask: str | None = None
     adjust: Callable | None = None
     fn: Callable | None = None
+    always: tuple[str, ...] = ()
 
 
 BACKWARDS: dict[OpOverload, Backward] = {}
 
 
 def _lowering_name(op: OpOverload) -> str:
-    name = op.name().split("::")[-1]
+    name = op._schema.name.split("::")[-1]
     return name if op._overloadname == "default" else f"{name}_{op._overloadname}"
 
 
@@ -139,7 +141,7 @@ def _make(bop: OpOverload, spec: Backward) -> Callable:
 
         vals = {name: value(src) for name, src in sources.items()}
         mask = b[spec.output_mask] if spec.output_mask else [True] * len(spec.grads)
-        want = [g for g, m in zip(spec.grads, mask) if m]
+        want = [g for g, m in zip(spec.grads, mask) if m or g in spec.always]
 
         def forward(*primals):
             v = dict(vals)
@@ -170,10 +172,11 @@ def _make(bop: OpOverload, spec: Backward) -> Callable:
 
 
 def derive(bop: OpOverload, forward: OpOverload, grads, cotangents=("grad_output",), *,
-           output_mask=None, adjust=None, fn=None, static_floats=None, **args):
+           output_mask=None, adjust=None, fn=None, always=(), static_floats=None, **args):
     """Declare ``bop`` as the vjp of ``forward`` and register its lowering, unless a
     hand-written lowering of ``bop`` exists. ``args``: forward argument -> source."""
-    spec = Backward(forward, tuple(grads), tuple(cotangents), dict(args), output_mask, adjust, fn)
+    spec = Backward(forward, tuple(grads), tuple(cotangents), dict(args), output_mask, adjust, fn,
+                    tuple(always))
     lowering = _make(bop, spec)
     BACKWARDS[bop] = spec
     globals()[lowering.__name__] = lowering
@@ -198,9 +201,9 @@ for _name, _nd in (("upsample_linear1d", 1), ("upsample_bilinear2d", 2), ("upsam
 # ---- grid sampling ----------------------------------------------------------------------------
 
 derive(aten.grid_sampler_2d_backward.default, aten.grid_sampler_2d.default, ("input", "grid"),
-       output_mask="output_mask")
+       output_mask="output_mask", always=("grid",))
 derive(aten.grid_sampler_3d_backward.default, aten.grid_sampler_3d.default, ("input", "grid"),
-       output_mask="output_mask")
+       output_mask="output_mask", always=("grid",))
 
 # ---- padding ----------------------------------------------------------------------------------
 
