@@ -66,6 +66,22 @@ def pending_count() -> int:
 register_gauge("pending_ops", pending_count)
 
 
+_TLS = threading.local()
+
+
+def set_eager_consts(on: bool) -> None:
+    """While on (in this thread), an op whose outputs read no input's value (``zeros_like``,
+    ``full``: ``Prog.const``) runs at once instead of being recorded (``eager_const``): an
+    optimizer's first step makes its state this way, so the state enters that step's
+    program as inputs, exactly as on every later step, and the two programs are one."""
+    _TLS.eager_consts = on
+
+
+def eager_const(inputs: list) -> bool:
+    """Whether a const prog on ``inputs`` runs now (see ``set_eager_consts``)."""
+    return getattr(_TLS, "eager_consts", False) and not any(type(v) is Pending for v in inputs)
+
+
 def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
     The caller holds ``LOCK``."""

@@ -23,7 +23,7 @@ from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
 from ._tensor import TpuTensor, contiguous_spec
-from ._values import new_tensor, run, value, write
+from ._values import new_tensor, run, write
 from .metrics import COUNTERS
 
 aten = torch.ops.aten
@@ -80,7 +80,11 @@ def view(e, args, kwargs):
     key = ("view", base._spec, rest, kw)
     plan = e.plans.get(key)
     if plan is None:
-        plan = make_plan(e, args, kwargs, [value(base)], [], fold=False)
+        # NOTE: the base's aval, not its value: deriving a view of a view here would record
+        # a node on the first call only, and the first step's trace would differ from the
+        # second's (two compiles).
+        v = base._st.value if base._chain is None else _values.aval(base)
+        plan = make_plan(e, args, kwargs, [v], [], fold=False)
         remember(e.plans, key, plan)
     st = base._st
     if e.packet in _IDENTITY_VIEWS:

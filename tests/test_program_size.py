@@ -2,7 +2,8 @@
 exactly what PyTorch does.
 
 Each distinct runtime scalar enters the program once, no ``convert`` between equal types,
-no subexpression computed twice.
+no subexpression computed twice, and an optimizer's first step (which creates its state)
+runs the same program as every later step.
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import re
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyrt
+from lazyrt import _defer
 
 N = 40
 
@@ -183,3 +186,61 @@ def test_int64_and_float64_with_scalars(dtype):
         o = o.cpu()
         assert o.dtype == r.dtype
         torch.testing.assert_close(o, r, rtol=0, atol=0)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.GELU(),
+                         nn.Linear(24, 3))
+
+
+@pytest.mark.parametrize("opt_kwargs", [{"foreach": False}, {"foreach": True}, {"fused": True}],
+                         ids=["forloop", "foreach", "fused"])
+def test_second_step_compiles_nothing(opt_kwargs):
+    """Step 1 creates the optimizer state; it still runs the program every later step runs,
+    and every step matches CPU eager."""
+    cpu, dev = _mlp(), _mlp().to("tpu")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, **opt_kwargs) for m in (cpu, dev)]
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
+    xd, yd = x.to("tpu"), y.to("tpu")
+    lazyrt.sync()
+    misses = []
+    for _ in range(4):
+        before = lazyrt.metrics.counters()["cache_misses"]
+        losses = []
+        for m, opt, a, b in ((cpu, opts[0], x, y), (dev, opts[1], xd, yd)):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(a), b)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        misses.append(lazyrt.metrics.counters()["cache_misses"] - before)
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
+    assert misses[1:] == [0, 0, 0], misses
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+
+
+def test_first_step_state_is_made_on_the_spot_only_while_state_is_created():
+    p = torch.randn(4, 4).to("tpu").requires_grad_(True)
+    opt = torch.optim.AdamW([p], lr=1e-2, foreach=False)
+    p.grad = torch.ones(4, 4).to("tpu")
+    lazyrt.sync()
+    opt.step()
+    z = torch.zeros_like(p)  # outside the optimizer: recorded as usual
+    assert _defer.pending_count() >= 1
+    assert torch.equal(z.cpu(), torch.zeros(4, 4))
+
+
+def test_view_plans_record_nothing_on_first_use():
+    """Building a view-of-a-view plan the first time must not record a node (the first
+    step's trace would differ from the second's)."""
+    w = torch.randn(6, 4).to("tpu")
+    lazyrt.sync()
+    counts = []
+    for _ in range(2):
+        v = w.t()[1:].t()  # a view of a view of a view, never read
+        counts.append(_defer.pending_count())
+        del v
+    assert counts == [0, 0]
