@@ -14,7 +14,10 @@ same before and after). ``simplify`` removes both from the top level of the jaxp
   one's. Equations with effects are never merged;
 * a ``convert_element_type`` whose input already has the output's dtype is dropped (its
   output replaced by its input). A convert that changes the dtype always stays, so a
-  value is rounded exactly where PyTorch rounds it.
+  value is rounded exactly where PyTorch rounds it;
+* constants folded: a float32/float64 scalar ``add``/``sub``/``mul``/``div``/``neg``/
+  ``sqrt``/``convert_element_type`` of literals becomes a literal (numpy computes these
+  correctly rounded, as XLA does).
 
 ``lower`` traces a function, simplifies its jaxpr and lowers that. It reaches into
 ``jax.stages.Traced`` to lower a rewritten jaxpr; if that private layout changes, it
@@ -48,6 +51,39 @@ def _freeze(x):
     return x
 
 
+_FOLD = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "neg": np.negative, "sqrt": np.sqrt,
+}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _fold(eqn, invars):
+    """The literal ``eqn`` computes from literal scalar inputs, or None."""
+    name = eqn.primitive.name
+    if len(eqn.outvars) != 1 or (name not in _FOLD and name != "convert_element_type"):
+        return None
+    out = eqn.outvars[0].aval
+    if getattr(out, "shape", None) != () or out.dtype not in _FLOATS:
+        return None
+    vals = []
+    for v in invars:
+        if type(v) is not _Literal:
+            return None
+        x = np.asarray(v.val)
+        if x.shape != () or x.dtype not in _FLOATS:
+            return None
+        vals.append(x)
+    with np.errstate(all="ignore"):
+        if name == "convert_element_type":
+            r = vals[0].astype(out.dtype)
+        else:
+            if any(x.dtype != out.dtype for x in vals):
+                return None
+            r = _FOLD[name](*vals)
+    return _Literal(np.asarray(r, dtype=out.dtype)[()], out)
+
+
 def _atom_key(a, sub: dict):
     if type(a) is _Literal:
         v = np.asarray(a.val)
@@ -57,8 +93,8 @@ def _atom_key(a, sub: dict):
 
 
 def simplify(closed):
-    """``(closed jaxpr, equations removed)``: ``closed`` with its common subexpressions and
-    no-op converts removed (the same object when there were none)."""
+    """``(closed jaxpr, equations removed)``: ``closed`` with its common subexpressions,
+    no-op converts and scalar constant arithmetic removed (the same object if none)."""
     jaxpr = closed.jaxpr
     sub: dict = {}  # var -> the atom that replaces it
     seen: dict = {}
@@ -67,6 +103,12 @@ def simplify(closed):
     for eqn in jaxpr.eqns:
         invars = [sub.get(v, v) if type(v) is not _Literal else v for v in eqn.invars]
         prim = eqn.primitive
+        if not eqn.effects and type(eqn.outvars[0]) is not _DropVar:
+            lit = _fold(eqn, invars)
+            if lit is not None:
+                sub[eqn.outvars[0]] = lit
+                removed += 1
+                continue
         if (prim.name == "convert_element_type" and not eqn.effects
                 and type(invars[0]) is not _Literal
                 and invars[0].aval.dtype == eqn.outvars[0].aval.dtype

@@ -244,3 +244,33 @@ def test_view_plans_record_nothing_on_first_use():
         counts.append(_defer.pending_count())
         del v
     assert counts == [0, 0]
+
+
+def test_lean_simplify_folds_constants_and_keeps_converts_that_change_values():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax._src.lax.lax import _convert_element_type
+    from jax.extend import core as jcore
+
+    from lazyrt import _lean
+
+    def f(x, s):
+        w = _convert_element_type(s, weak_type=True)  # a weak-type-only convert
+        return (x * lax.sqrt(2.0), x.astype(jnp.float64) * 0.1, x * w, jnp.exp(x) + jnp.exp(x))
+
+    x = jnp.linspace(-1, 1, 5, dtype=jnp.float32)
+    with jax.enable_x64(True):
+        cj = jax.make_jaxpr(f)(x, jnp.float32(0.5))
+        new, removed = _lean.simplify(cj)
+        prims = [e.primitive.name for e in new.jaxpr.eqns]
+        assert "sqrt" not in prims and prims.count("exp") == 1
+        # f32 -> f64 stays (it changes values' type); the weak-type-only one goes
+        assert prims.count("convert_element_type") == 1
+        assert removed == 5  # sqrt and its convert folded, two weak-type converts, one exp
+        got = jcore.jaxpr_as_fun(new)(x, jnp.float32(0.5))
+        want = f(x, jnp.float32(0.5))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
