@@ -8,6 +8,15 @@ a changing learning rate or a fresh random draw compiles nothing new. A cache hi
 is then checked against the trace itself (the same progs, input wiring and leaf
 avals), so two traces whose hashes collide never share an executable.
 
+Runtime scalars enter the program once per distinct value: a for-loop AdamW step over
+200 parameters records 1,400 scalars holding 7 values, and its program reads 7
+(``_scalar_layout``; a slice of the scalar vector per use made XLA compile 1,400
+different kernels, 14 s instead of 1). Which positions share a value is part of what an
+executable was compiled for, so a hit is also checked against the current scalars
+(``_Exe.fits``: positions that shared a value at compile time still do, bit for bit,
+so ``-0.0`` is not ``0.0``); if not, another executable is compiled. The program is
+simplified before XLA sees it (``_lean``).
+
 At a flush every storage still holding a pending value of the trace (a live
 tensor) becomes an output; nothing else is materialized. A leaf whose storage
 was overwritten in the trace and that nobody else references is donated.
@@ -30,9 +39,8 @@ import weakref
 import jax
 import numpy as np
 from cachetools import LRUCache
-from jax._src.lax.lax import _convert_element_type
 
-from . import _source, _xla, memory
+from . import _lean, _source, _xla, memory
 from ._config import config
 from ._ir import Pending, Prog, aval_nbytes
 from ._trace import _MASK, _SHIFT, Trace, describe, explain, graph_text  # noqa: F401  (re-exported)
@@ -56,6 +64,22 @@ def pending_count() -> int:
 
 
 register_gauge("pending_ops", pending_count)
+
+
+_TLS = threading.local()
+
+
+def set_eager_consts(on: bool) -> None:
+    """While on (in this thread), an op whose outputs read no input's value (``zeros_like``,
+    ``full``: ``Prog.const``) runs at once instead of being recorded (``eager_const``): an
+    optimizer's first step makes its state this way, so the state enters that step's
+    program as inputs, exactly as on every later step, and the two programs are one."""
+    _TLS.eager_consts = on
+
+
+def eager_const(inputs: list) -> bool:
+    """Whether a const prog on ``inputs`` runs now (see ``set_eager_consts``)."""
+    return getattr(_TLS, "eager_consts", False) and not any(type(v) is Pending for v in inputs)
 
 
 def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
@@ -120,10 +144,13 @@ class _Exe:
     """A compiled flush, with the trace structure it was compiled for."""
 
     __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
-                 "refs", "leaf_avals")
+                 "refs", "leaf_avals", "sc_first", "sc_slots")
 
-    def __init__(self, compiled, mem, tr: Trace, src, out_avals):
+    def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None):
         self.compiled = compiled
+        # the scalar layout compiled for (``_scalar_layout``; None: one slot per scalar)
+        self.sc_first = sc_first
+        self.sc_slots = sc_slots
         self.mem = mem
         self.desc = describe(tr)
         self.src = src
@@ -145,15 +172,45 @@ class _Exe:
         return (self.nodes == tr.nodes and self.refs == tr.refs
                 and self.leaf_avals == tr.leaf_avals)
 
+    def fits(self, scal: np.ndarray) -> bool:
+        """Whether the scalars that shared a slot at compile time still hold one value."""
+        slots = self.sc_slots
+        if slots is None:
+            return True
+        return np.array_equal(scal[self.sc_first][slots].view(np.int64), scal.view(np.int64))
 
-def _lookup(key, tr: Trace) -> _Exe | None:
+    def scalar_input(self, scal: np.ndarray) -> np.ndarray:
+        """The program's scalar vector: one value per slot."""
+        return scal if self.sc_first is None else scal[self.sc_first]
+
+
+def _scalar_layout(scal: np.ndarray):
+    """``(first, slots)``: where each distinct value (bit for bit) is first used, in order
+    of first use, and each scalar's slot in that list; ``(None, None)`` if all differ."""
+    n = len(scal)
+    if n < 2:
+        return None, None
+    u, first, inv = np.unique(scal.view(np.int64), return_index=True, return_inverse=True)
+    if len(u) == n:
+        return None, None
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(u), dtype=np.intp)
+    rank[order] = np.arange(len(u))
+    return first[order], rank[inv.reshape(-1)]
+
+
+def _lookup(key, tr: Trace, scal: np.ndarray) -> _Exe | None:
     bucket = _cache.get(key)
     if bucket is None:
         return None
+    found = False
     for exe in bucket:
         if exe.matches(tr):
-            return exe
-    COUNTERS["hash_collisions"] += 1
+            found = True
+            if exe.fits(scal):
+                return exe
+    if not found:
+        COUNTERS["hash_collisions"] += 1
     return None
 
 
@@ -198,16 +255,20 @@ def _needed(tr: Trace, out_refs) -> list:
     return need
 
 
-def _build_fn(tr: Trace, out_refs, donate_mask):
+def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
+    """The flush's program: ``fn(donated, kept, scal)``, ``scal`` the weak-typed float64
+    vector of the scalars' slots (``slots[i]``: scalar ``i``'s slot; None: slot ``i``)."""
     nodes = list(tr.nodes)
     refs = list(tr.refs)
     need = _needed(tr, out_refs)
     n_leaves = len(tr.leaves)
-    # Scalar offsets per node.
-    offs, o = [], 0
+    # Scalar slots per node.
+    node_slots, o = [], 0
     for p in nodes:
-        offs.append(o)
-        o += len(p.scalar_kinds)
+        k = len(p.scalar_kinds)
+        node_slots.append(tuple(range(o, o + k)) if slots is None
+                          else tuple(int(x) for x in slots[o:o + k]))
+        o += k
     donated_pos = [i for i in range(n_leaves) if donate_mask[i]]
     kept_pos = [i for i in range(n_leaves) if not donate_mask[i]]
 
@@ -217,6 +278,9 @@ def _build_fn(tr: Trace, out_refs, donate_mask):
             leaves[i] = a
         for i, a in zip(kept_pos, kept):
             leaves[i] = a
+        # NOTE: each slot is read once (and converted to an RNG seed once). ``scal`` is
+        # weak-typed, as a Python float is in PyTorch: f32 * lr stays f32.
+        taken: dict = {}
         vals = [None] * len(nodes)
         for n, p in enumerate(nodes):
             if not need[n]:
@@ -224,18 +288,22 @@ def _build_fn(tr: Trace, out_refs, donate_mask):
             ins = [leaves[-r - 1] if r < 0 else vals[r >> _SHIFT][r & _MASK] for r in refs[n]]
             sk = p.scalar_kinds
             if sk:
-                o = offs[n]
-                for j, kind in enumerate(sk):
-                    s = scal[o + j]
-                    if kind == "i":
-                        ins.append(s.astype(np.int64))
-                    else:
-                        # NOTE: weak-typed, as a Python float is in PyTorch: f32 * lr stays f32.
-                        ins.append(_convert_element_type(s, weak_type=True))
+                for slot, kind in zip(node_slots[n], sk):
+                    s = taken.get((slot, kind))
+                    if s is None:
+                        s = scal[slot]
+                        if kind == "i":
+                            s = s.astype(np.int64)
+                        taken[(slot, kind)] = s
+                    ins.append(s)
             vals[n] = p.fn(*ins)
         return [vals[r >> _SHIFT][r & _MASK] for r in out_refs]
 
     return fn
+
+
+def _scalar_struct(n: int):
+    return jax.ShapeDtypeStruct((n,), np.float64, weak_type=True)
 
 
 def _explain(tr: Trace, src: str) -> None:
@@ -306,21 +374,24 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         leaves = tr.leaves
         donate_mask = _donation_mask(tr)
         key = (tr.h, len(tr.nodes), out_refs, donate_mask)
-        exe = _lookup(key, tr)
+        scal = np.asarray(tr.scalars, dtype=np.float64)
+        exe = _lookup(key, tr, scal)
         hit = exe is not None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
-        scal = np.asarray(tr.scalars, dtype=np.float64)
         compile_s = 0.0
         try:
             if exe is None:
                 if config.explain_recompile:
                     _explain(tr, src)
-                fn = _build_fn(tr, out_refs, donate_mask)
+                first, slots = _scalar_layout(scal)
+                fn = _build_fn(tr, out_refs, donate_mask, slots)
+                n_slots = len(scal) if first is None else len(first)
                 compiled, mem, compile_s = _xla.compile_program(
-                    fn, (donated, kept, scal), donate_argnums=(0,))
+                    fn, (donated, kept, _scalar_struct(n_slots)), donate_argnums=(0,),
+                    lean=True)
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
-                exe = _Exe(compiled, mem, tr, src, out_avals)
+                exe = _Exe(compiled, mem, tr, src, out_avals, first, slots)
                 _insert(key, exe)
                 _history["compiles"] += 1
             else:
@@ -331,7 +402,7 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
             t0 = time.perf_counter()
             with _X64(True), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                results = exe.compiled(donated, kept, scal)
+                results = exe.compiled(donated, kept, exe.scalar_input(scal))
             exec_s = time.perf_counter() - t0
             if donated:
                 memory.untrack(donated)
@@ -388,9 +459,12 @@ def hlo_text(tr: Trace, pendings) -> str:
     if not refs:
         return ""
     mask = tuple(False for _ in tr.leaves)
-    fn = _build_fn(tr, refs, mask)
+    scal = np.asarray(tr.scalars, dtype=np.float64)
+    first, slots = _scalar_layout(scal)
+    fn = _build_fn(tr, refs, mask, slots)
+    n_slots = len(scal) if first is None else len(first)
     with _X64(True):
-        lowered = jax.jit(fn).lower([], list(tr.leaves), np.asarray(tr.scalars, dtype=np.float64))
+        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), _scalar_struct(n_slots)))
     return lowered.as_text()
 
 

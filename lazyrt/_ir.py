@@ -27,9 +27,10 @@ def aval_nbytes(shape, dtype) -> int:
 
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
-                 "out_nbytes")
+                 "out_nbytes", "const")
 
-    def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None):
+    def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
+                 const: bool = False):
         self.uid = next(_uids)
         self.name = name
         # fn(*arrays, *scalars) -> tuple of arrays
@@ -44,6 +45,8 @@ class Prog:
         self.mem = None
         self.desc = desc
         self.op = op
+        # its outputs read no input array's value (a factory: zeros_like, full, ...)
+        self.const = const
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

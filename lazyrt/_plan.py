@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 
 from . import _dtypes, _rng
@@ -263,22 +264,36 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     plan.raw = raw
     plan.in_avals = tuple((tuple(v.shape), jnp.dtype(v.dtype)) for v in vals)
     desc = static_desc(tpl_args, tpl_kwargs)
-    plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op)
-    _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
+    jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
+    const = not random and not _reads_arrays(jaxpr, n_arr)
+    plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op, const=const)
     return plan
 
 
-def _check_abstractly(e, prog_fn, vals, scalar_kinds, desc) -> None:
+def _check_abstractly(e, prog_fn, vals, scalar_kinds, desc):
+    """Trace ``prog_fn`` abstractly (errors raise here, at the op); returns its jaxpr."""
     ins = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in vals]
     ins += [0.0 if k == "f" else 0 for k in scalar_kinds]
     try:
         with _X64(True):
-            jax.eval_shape(prog_fn, *ins)
+            return jax.jit(prog_fn).trace(*ins).jaxpr.jaxpr
     except Exception as ex:
         raise NotImplementedError(
             f"lazyrt: the lowering of {e.name} failed for inputs "
             f"{[(tuple(v.shape), str(v.dtype)) for v in vals]} and arguments ({desc}): "
             f"{type(ex).__name__}: {ex}") from ex
+
+
+def _reads_arrays(jaxpr, n_arr: int) -> bool:
+    """Whether the outputs of ``jaxpr`` read the value of any of its first ``n_arr`` inputs
+    (``zeros_like(x)`` reads only ``x``'s shape)."""
+    arrays = set(jaxpr.invars[:n_arr])
+    if not arrays:
+        return False
+    if any(v in arrays for v in jaxpr.outvars if type(v) is not jax.extend.core.Literal):
+        return True
+    return any(v in arrays for eqn in jaxpr.eqns for v in eqn.invars
+               if type(v) is not jax.extend.core.Literal)
 
 
 def remember(plans: dict, key, plan: Plan) -> None:

@@ -1,7 +1,8 @@
 """What lazyrt registers with PyTorch through its public APIs, done once by ``install``:
 PrivateUse1 kernels for factory ops and ``_copy_from``, the SDPA routing kernel on
 AutogradPrivateUse1, autocast's policy, the optimizer-step sync point, the ``torch.tpu``
-module's API, and the monkeypatches of ``_patches``.
+module's API, and the monkeypatches of ``_patches``. Around an optimizer step that
+creates state, constant ops run at once in defer mode (``_defer.set_eager_consts``).
 """
 from __future__ import annotations
 
@@ -42,7 +43,26 @@ def _copy_from(self, dst, non_blocking=False):
     return dst
 
 
+def _creates_state(optimizer) -> bool:
+    """Whether this step will create optimizer state (a parameter with a gradient and no
+    state yet): true of a training loop's first step."""
+    state = optimizer.state
+    groups = optimizer.param_groups
+    if len(state) >= sum(len(g["params"]) for g in groups):
+        return False
+    return any(p.grad is not None and p not in state for g in groups for p in g["params"])
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    # NOTE: the first step creates the optimizer state (``zeros_like(p)``). Made on the
+    # spot rather than recorded, it enters the step's program as the same inputs the state
+    # is on every later step: one program for steps 1, 2, 3, ... instead of two.
+    if config.mode == "defer":
+        _defer.set_eager_consts(_creates_state(optimizer))
+
+
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    _defer.set_eager_consts(False)
     if config.mode == "defer" and _defer.pending_count():
         _defer.flush(reason="optimizer.step")
 
@@ -65,6 +85,7 @@ def install() -> None:
     _LIBS.append(lib)
     import torch.optim.optimizer as optim_mod
 
+    optim_mod.register_optimizer_step_pre_hook(_before_optimizer_step)
     optim_mod.register_optimizer_step_post_hook(_after_optimizer_step)
     _autocast.register()
     _tpu_module.populate()

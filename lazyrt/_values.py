@@ -26,7 +26,9 @@ _X64 = jax.enable_x64
 def run(prog: Prog, inputs: list, scalars: list) -> list:
     """Run (strict/debug) or record (defer) ``prog``; returns its output values."""
     if config.mode == "defer":
-        return _defer.record(prog, inputs, scalars)
+        if not prog.const or not _defer.eager_const(inputs):
+            return _defer.record(prog, inputs, scalars)
+        return _strict.run(prog, inputs, scalars)
     return _strict.run(prog, [_defer.materialize(v) if type(v) is Pending else v
                               for v in inputs], scalars)
 
@@ -50,6 +52,11 @@ def value(t: TpuTensor):
         t._cache = v
         t._cver = st.version
     return v
+
+
+def aval(t: TpuTensor):
+    """``t``'s shape and dtype as a ``jax.ShapeDtypeStruct`` (nothing derived or recorded)."""
+    return jax.ShapeDtypeStruct(t._spec[0], _dtypes.to_jax(t._spec[2]))
 
 
 def concrete(t: TpuTensor):

@@ -20,6 +20,7 @@ import warnings
 
 import jax
 
+from . import _lean
 from .memory import MemoryAnalysis
 from .metrics import COUNTERS
 
@@ -95,16 +96,18 @@ def compile(lowered):
     return lowered.compile(compiler_options=opts) if opts else lowered.compile()
 
 
-def compile_program(fn, args: tuple, donate_argnums: tuple = ()):
+def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = False):
     """Lower ``fn`` at ``args`` and compile it with lazyrt's options: the one place every
     lazyrt executable (a strict op, a defer flush) is built. Returns ``(executable,
-    memory analysis, seconds)`` and counts the compile in ``lazyrt.metrics``.
+    memory analysis, seconds)`` and counts the compile in ``lazyrt.metrics``. ``lean``:
+    simplify the traced program first (``_lean``: a flush's common subexpressions).
 
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*args)
+        jitted = jax.jit(fn, donate_argnums=donate_argnums)
+        lowered = _lean.lower(jitted, args) if lean else jitted.lower(*args)
         exe = compile(lowered)
     seconds = time.perf_counter() - t0
     COUNTERS["cache_misses"] += 1

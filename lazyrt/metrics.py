@@ -32,6 +32,8 @@ _ZERO = {
     "pallas_attention_calls": 0,
     "pallas_matmul_calls": 0,
     "pallas_fallbacks": 0,
+    "lean_eqns_removed": 0,
+    "lean_fallbacks": 0,
 }
 
 COUNTERS: dict[str, float] = dict(_ZERO)

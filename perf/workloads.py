@@ -373,8 +373,106 @@ class Attention(Workload):
         return f"SDPA causal fwd+bwd B{b} H{h} S{s} D{d}"
 
 
+# ---------------------------------------------------------------------------
+
+
+def _rope(t, hd, device, base=10000.0):
+    inv = 1.0 / (base ** (torch.arange(0, hd, 2, device=device).float() / hd))
+    freqs = torch.outer(torch.arange(t, device=device).float(), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d, h, kv, hidden):
+        super().__init__()
+        self.h, self.kv, self.hd = h, kv, d // h
+        self.input_layernorm = RMSNorm(d)
+        self.q_proj = nn.Linear(d, h * self.hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(h * self.hd, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        hx = self.input_layernorm(x)
+        q = self.q_proj(hx).view(b, t, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(hx).view(b, t, self.kv, self.hd).transpose(1, 2)
+        v = self.v_proj(hx).view(b, t, self.kv, self.hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        rep = self.h // self.kv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+        hx = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(hx)) * self.up_proj(hx))
+
+
+class Llama(nn.Module):
+    """A Llama-like decoder (RMSNorm, rotary positions computed per call, grouped-query
+    attention, SwiGLU), the way Hugging Face's LlamaForCausalLM computes it."""
+
+    def __init__(self, vocab=512, d=256, h=4, kv=2, hidden=512, layers=2):
+        super().__init__()
+        self.hd = d // h
+        self.embed_tokens = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(LlamaBlock(d, h, kv, hidden) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.embed_tokens(idx)
+        cos, sin = _rope(idx.shape[1], self.hd, idx.device)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+
+class LlamaInfer(Workload):
+    """2-layer Llama-like decoder forward (d 256, 4 heads, 2 kv heads, SwiGLU 512, seq 128,
+    batch 1, vocab 512) under no_grad; the step reads the last position's top logit."""
+
+    name = "llama_infer"
+    VOCAB, SEQ, BATCH = 512, 128, 1
+
+    def __init__(self, device, mode, variant=None):
+        super().__init__(device, mode, variant)
+        torch.manual_seed(SEED)
+        self.model = Llama(vocab=self.VOCAB).eval().to(device)
+        self.idx = torch.randint(0, self.VOCAB, (self.BATCH, self.SEQ)).to(device)
+
+    def step(self):
+        with torch.no_grad():
+            logits = self.model(self.idx)
+            return float(logits[:, -1].max().item())
+
+    def describe(self):
+        return "Llama-like decoder 2L d256 h4 kv2 seq128 b1 V512, forward under no_grad"
+
+
 WORKLOADS: dict[str, type[Workload]] = {
     cls.name: cls
     for cls in (EwChain, TinyOps, MLPTrain, AdamWMany, AdamWManyForeach, GPTTrain, GPTInfer,
-                Attention)
+                Attention, LlamaInfer)
 }
