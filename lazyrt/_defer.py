@@ -56,6 +56,9 @@ class Trace:
 
 
 _trace = Trace()
+# lazyrt.distributed: a hook asked at each flush for an SPMD compile of traces holding
+# fused collectives (None, or an object with compile(fn, donated, kept, scal)).
+spmd_runner = None
 _cache: LRUCache = LRUCache(maxsize=config.cache_size)
 _history = {"flushes": 0, "compiles": 0}
 
@@ -284,6 +287,7 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
             return
         t_start = time.perf_counter()
         src = _source.user_line(2)
+        runner = spmd_runner(tr, reason) if spmd_runner is not None else None
         outs, out_refs = _live_outputs(tr)
         n_leaves = len(tr.leaves)
         leaves = tr.leaves
@@ -310,7 +314,10 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                 fn = _build_fn(tr, out_refs, donate_mask)
                 with _X64(True), warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                    compiled = _xla.compile(jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal))
+                    if runner is None:
+                        compiled = _xla.compile(jax.jit(fn, donate_argnums=(0,)).lower(donated, kept, scal))
+                    else:
+                        compiled = runner.compile(fn, donated, kept, scal)
                 compile_s = time.perf_counter() - t0
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
                 exe = _Exe(compiled, MemoryAnalysis.of(compiled), _describe(tr), src, out_avals)
