@@ -59,6 +59,8 @@ _trace = Trace()
 # lazyrt.distributed: a hook asked at each flush for an SPMD compile of traces holding
 # fused collectives (None, or an object with compile(fn, donated, kept, scal)).
 spmd_runner = None
+# lazyrt.distributed sets this once a Mesh exists: leaves are keyed on their sharding too.
+KEY_SHARDING = False
 _cache: LRUCache = LRUCache(maxsize=config.cache_size)
 _history = {"flushes": 0, "compiles": 0}
 
@@ -98,6 +100,8 @@ def record(prog, inputs, scalars):
             tr.leaf_index[k] = li
             tr.leaves.append(v)
             h = hash((h, -1, v.shape, v.dtype))
+            if KEY_SHARDING:
+                h = hash((h, v.sharding))
         refs.append(-li - 1)
     refs = tuple(refs)
     n = len(tr.nodes)

@@ -28,6 +28,21 @@ def _compile(prog, arrays, scalars):
     return exe
 
 
+# NOTE: a Prog's executable is compiled for its first inputs' shardings; inputs sharded
+# otherwise (lazyrt.distributed.mark_sharding) get one executable per sharding tuple.
+_by_sharding: dict = {}
+
+
+def _run_resharded(prog, arrays, scalars):
+    key = (prog.uid, tuple(a.sharding for a in arrays))
+    exe = _by_sharding.get(key)
+    if exe is None:
+        exe = _xla.compile(jax.jit(prog.fn).lower(*arrays, *scalars))
+        _by_sharding[key] = exe
+        COUNTERS["cache_misses"] += 1
+    return exe(*arrays, *scalars)
+
+
 def run(prog, arrays, scalars, log: bool | None = None):
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously)."""
     exe = prog.exe
@@ -41,7 +56,12 @@ def run(prog, arrays, scalars, log: bool | None = None):
     live_before = memory._state["live"]
     t0 = time.perf_counter()
     with _X64(True):
-        outs = exe(*arrays, *scalars)
+        try:
+            outs = exe(*arrays, *scalars)
+        except ValueError as e:
+            if "input shardings" not in str(e):
+                raise
+            outs = _run_resharded(prog, arrays, scalars)
     dt = time.perf_counter() - t0
     COUNTERS["executions"] += 1
     COUNTERS["execute_seconds"] += dt
