@@ -120,3 +120,9 @@ def _set_float32_matmul_precision(precision: str) -> None:
 
 
 torch.set_float32_matmul_precision = _set_float32_matmul_precision
+
+# The c10d backends "tpu"/"tpu_dist" (registering them costs ~30 us; the backend itself,
+# torch.distributed's process groups and jax.distributed load at init_process_group).
+from .distributed import register_backends as _register_dist_backends  # noqa: E402
+
+_register_dist_backends()
