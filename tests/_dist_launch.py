@@ -1,0 +1,105 @@
+"""Run ranks as concurrent subprocesses on 127.0.0.1, with a hard timeout.
+
+``launch(checks, nprocs=2)`` starts ``tests/dist_worker.py`` once per rank (env://
+rendezvous on a free port), each rank runs the named checks in order and saves what they
+return (``torch.save``) to a file; the results come back as one list per rank. A rank
+that fails, or a launch that outlives its timeout (the whole process group is killed),
+raises with the tail of every rank's output.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(rank, world, port, extra):
+    env = dict(os.environ)
+    env.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "LAZYRT_DIST_INIT_TIMEOUT": env.get("LAZYRT_DIST_INIT_TIMEOUT", "60"),
+        "OMP_NUM_THREADS": "1",
+    })
+    env.pop("TORCH_TPU_MODE", None)
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
+           script: str = WORKER, args=()):
+    """Run ``checks`` (names of functions in dist_worker.py) on ``nprocs`` ranks; returns
+    ``[results of rank 0, results of rank 1, ...]`` (each a dict check -> its return).
+    ``ranks``: start only these ranks (a missing-peer test)."""
+    port = free_port()
+    out_dir = tempfile.mkdtemp(prefix="lazyrt_dist_")
+    procs = []
+    logs = []
+    for r in (range(nprocs) if ranks is None else ranks):
+        log = open(os.path.join(out_dir, f"log{r}.txt"), "w+")
+        cmd = [sys.executable, script, out_dir, ",".join(checks), *args]
+        p = subprocess.Popen(cmd, env=_env(r, nprocs, port, env), stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        procs.append((r, p))
+        logs.append(log)
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    for r, p in procs:
+        left = deadline - time.monotonic()
+        try:
+            p.wait(timeout=max(left, 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    if timed_out:
+        for _, p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+    text = {}
+    for (r, p), log in zip(procs, logs):
+        log.seek(0)
+        text[r] = log.read()
+        log.close()
+    failed = [r for r, p in procs if p.returncode != 0]
+    if timed_out or failed:
+        tails = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n" + _tail(text[r])
+                          for r, p in procs)
+        raise LaunchError(("timed out after %gs" % timeout) if timed_out else
+                          f"rank(s) {failed} failed", tails, text,
+                          {r: p.returncode for r, p in procs})
+    results = []
+    for r, _ in procs:
+        results.append(torch.load(os.path.join(out_dir, f"result{r}.pt"), weights_only=False))
+    return results
+
+
+def _tail(s: str, n: int = 40) -> str:
+    lines = [ln for ln in s.splitlines() if not ln.startswith(("W0", "I0", "[Gloo]"))]
+    return "\n".join(lines[-n:])
+
+
+class LaunchError(AssertionError):
+    def __init__(self, msg, tails, logs, codes):
+        super().__init__(f"{msg}\n{tails}")
+        self.logs = logs
+        self.codes = codes
