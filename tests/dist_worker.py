@@ -332,6 +332,234 @@ def missing_peer():
     return [("error", None, "an error")]
 
 
+@check
+def peer_dies():
+    """Rank 1 exits after one collective; rank 0's next collective must end, not hang."""
+    dist = _init()
+    t = torch.ones(2, device="tpu")
+    dist.all_reduce(t)
+    t.cpu()
+    if RANK == 1:
+        os._exit(0)
+    time.sleep(2)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        t.cpu()
+    except Exception as e:  # noqa: BLE001
+        return [("error", type(e).__name__, None), ("message", str(e)[:2000], None),
+                ("seconds", time.monotonic() - t0, None)]
+    return [("no error", t.cpu(), None)]
+
+
+# ---------------------------------------------------------------------------
+# training: DDP / FSDP2 on tpu vs one process on the full batch (CPU PyTorch)
+# ---------------------------------------------------------------------------
+
+STEPS = 3
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(STEPS, 4 * WORLD, 8, generator=g)
+    y = torch.randn(STEPS, 4 * WORLD, 4, generator=g)
+    return x, y
+
+
+def _opt(params, kind):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+
+def _reference(kind):
+    """One process, full batch, plain PyTorch on the CPU."""
+    m = _model()
+    opt = _opt(m.parameters(), kind)
+    x, y = _data()
+    losses = []
+    for s in range(STEPS):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x[s]), y[s])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [p.detach().clone() for p in m.parameters()], losses
+
+
+def _flushes():
+    from lazyrt.metrics import COUNTERS
+
+    return COUNTERS["flushes"]
+
+
+def _train_steps(model, opt, kind):
+    x, y = _data()
+    lo, hi = 4 * RANK, 4 * (RANK + 1)
+    per_step = []
+    losses = []
+    from lazyrt import memory
+
+    for s in range(STEPS):
+        memory.clear_log()
+        f0 = _flushes()
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[s, lo:hi].to("tpu")), y[s, lo:hi].to("tpu"))
+        loss.backward()
+        opt.step()
+        per_step.append(_flushes() - f0)
+        if os.environ.get("LAZYRT_TEST_SHOW_FLUSHES"):
+            print("step", s, [(r.name, r.source.rsplit("/", 1)[-1], r.num_ops)
+                              for r in memory.flush_log() if r.mode == "defer"], flush=True)
+        losses.append(loss)
+    return per_step, losses
+
+
+def _mode_ctx(mode):
+    import contextlib
+
+    import lazyrt
+    import lazyrt.distributed as ld
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(lazyrt.set_mode("defer" if mode in ("defer", "fused") else "strict"))
+    stack.enter_context(ld.fused(mode == "fused"))
+    return stack
+
+
+def _ddp_case(mode, kind, bucket_view, bucket_mb):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    _init()
+    ref, ref_losses = _reference(kind)
+    with _mode_ctx(mode):
+        m = _model().to("tpu")
+        ddp = DDP(m, gradient_as_bucket_view=bucket_view, bucket_cap_mb=bucket_mb)
+        opt = _opt(ddp.parameters(), kind)
+        per_step, losses = _train_steps(ddp, opt, kind)
+        got = [p.detach().cpu() for p in m.parameters()]
+    tag = f"ddp {mode} {kind} view={bucket_view} bucket={bucket_mb}"
+    # a rank's loss is its half of the batch; the mean over ranks is the full-batch loss
+    import torch.distributed as dist
+
+    lt = torch.tensor([lo.item() for lo in losses])
+    dist.all_reduce(lt)
+    return [(f"{tag} params", got, ref), (f"{tag} losses", lt / WORLD, torch.tensor(ref_losses)),
+            (f"{tag} flushes per step", per_step, None)]
+
+
+@check
+def ddp():
+    out = []
+    for mode in ("strict", "defer", "fused"):
+        for kind in ("sgd", "adamw"):
+            out += _ddp_case(mode, kind, bucket_view=(kind == "adamw"), bucket_mb=25)
+    out += _ddp_case("fused", "adamw", bucket_view=True, bucket_mb=0.0005)
+    out += _ddp_case("defer", "sgd", bucket_view=False, bucket_mb=0.0005)
+    return out
+
+
+def _fsdp_case(mode, kind, reshard=True):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    _init()
+    ref, ref_losses = _reference(kind)
+    mesh = init_device_mesh("tpu", (WORLD,))
+    with _mode_ctx(mode):
+        m = _model().to("tpu")
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(m, mesh=mesh, reshard_after_forward=reshard)
+        opt = _opt(m.parameters(), kind)
+        per_step, losses = _train_steps(m, opt, kind)
+        got = [p.full_tensor().detach().cpu() for p in m.parameters()]
+        kinds = sorted({type(p).__name__ for p in m.parameters()})
+    tag = f"fsdp2 {mode} {kind} reshard={reshard}"
+    import torch.distributed as dist
+
+    lt = torch.tensor([lo.item() for lo in losses])
+    dist.all_reduce(lt)
+    return [(f"{tag} params", got, ref), (f"{tag} losses", lt / WORLD, torch.tensor(ref_losses)),
+            (f"{tag} flushes per step", per_step, None), (f"{tag} param types", kinds, ["DTensor"])]
+
+
+@check
+def fsdp2_fused():
+    return _fsdp_case("fused", "sgd")
+
+
+@check
+def fsdp2():
+    out = []
+    for mode in ("strict", "defer", "fused"):
+        for kind in ("sgd", "adamw"):
+            out += _fsdp_case(mode, kind)
+    out += _fsdp_case("defer", "adamw", reshard=False)
+    return out
+
+
+@check
+def dtensor():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    _init()
+    out = []
+    mesh = init_device_mesh("tpu", (WORLD,))
+    out.append(("mesh device type", mesh.device_type, "tpu"))
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4 * WORLD, 6, generator=g)
+    b = torch.randn(6, 2 * WORLD, generator=g)
+    for mode in ("strict", "defer", "fused"):
+        with _mode_ctx(mode):
+            da = distribute_tensor(a.to("tpu"), mesh, [Shard(0)])
+            out.append((f"dtensor {mode} local shard", da.to_local().cpu(), a.chunk(WORLD)[RANK]))
+            out.append((f"dtensor {mode} full_tensor", da.full_tensor().cpu(), a))
+            rep = da.redistribute(mesh, [Replicate()])
+            out.append((f"dtensor {mode} Shard(0)->Replicate", rep.to_local().cpu(), a))
+            s1 = rep.redistribute(mesh, [Shard(1)])
+            out.append((f"dtensor {mode} Replicate->Shard(1)", s1.to_local().cpu(), a.chunk(WORLD, 1)[RANK]))
+            s0 = s1.redistribute(mesh, [Shard(0)])
+            out.append((f"dtensor {mode} Shard(1)->Shard(0) (all_to_all)", s0.to_local().cpu(),
+                        a.chunk(WORLD)[RANK]))
+            db = distribute_tensor(b.to("tpu"), mesh, [Shard(1)])
+            mm = da @ distribute_tensor(b.to("tpu"), mesh, [Replicate()])
+            out.append((f"dtensor {mode} matmul Shard(0) x Replicate", mm.full_tensor().cpu(), a @ b))
+            mm2 = rep @ db
+            out.append((f"dtensor {mode} matmul Replicate x Shard(1)", mm2.full_tensor().cpu(), a @ b))
+            pa = DTensor.from_local(torch.full((3,), float(RANK + 1), device="tpu"), mesh, [Partial()])
+            out.append((f"dtensor {mode} Partial->Replicate", pa.redistribute(mesh, [Replicate()]).to_local().cpu(),
+                        torch.full((3,), float(sum(range(1, WORLD + 1))))))
+            ps = pa.redistribute(mesh, [Shard(0)]) if 3 % WORLD == 0 else None
+            if ps is not None:
+                out.append((f"dtensor {mode} Partial->Shard", ps.full_tensor().cpu(),
+                            torch.full((3,), float(sum(range(1, WORLD + 1))))))
+            s = (da * 2).sum()
+            out.append((f"dtensor {mode} sum of sharded", s.full_tensor().cpu(), (a * 2).sum()))
+            x = distribute_tensor(a.to("tpu"), mesh, [Shard(0)]).requires_grad_(True)
+            (x.sin() * 3).sum().backward()
+            out.append((f"dtensor {mode} grad", x.grad.full_tensor().cpu(), a.cos() * 3))
+    # a 2-D mesh (1 x WORLD with 2 ranks, 2 x 2 with 4)
+    shape = (2, WORLD // 2) if WORLD % 2 == 0 and WORLD >= 4 else (1, WORLD)
+    mesh2 = init_device_mesh("tpu", shape, mesh_dim_names=("dp", "tp"))
+    d2 = distribute_tensor(a.to("tpu"), mesh2, [Shard(0), Shard(1)])
+    out.append(("dtensor 2-D mesh full_tensor", d2.full_tensor().cpu(), a))
+    r2 = d2.redistribute(mesh2, [Replicate(), Shard(0)])
+    out.append(("dtensor 2-D redistribute", r2.full_tensor().cpu(), a))
+    mm = distribute_tensor(a.to("tpu"), mesh2, [Replicate(), Shard(1)]) @ \
+        distribute_tensor(b.to("tpu"), mesh2, [Replicate(), Shard(0)])
+    out.append(("dtensor 2-D matmul (Partial over tp)", mm.full_tensor().cpu(), a @ b))
+    return out
+
+
 def main():
     out_dir, names = sys.argv[1], sys.argv[2].split(",")
     import lazyrt  # noqa: F401

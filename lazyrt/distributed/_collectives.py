@@ -120,6 +120,13 @@ def all_to_all(x, *, n: int):
     return lax.all_to_all(_as_reducible(x), AXIS, 0, 0, tiled=True).astype(dt)
 
 
+def shard_dim_all_to_all(x, *, gather_dim: int, shard_dim: int, n: int):
+    """DTensor's Shard(a) -> Shard(b): chunk j of dim ``shard_dim`` goes to rank j; the
+    chunks received are concatenated along ``gather_dim``."""
+    dt = x.dtype
+    return lax.all_to_all(_as_reducible(x), AXIS, shard_dim, gather_dim, tiled=True).astype(dt)
+
+
 def scatter(x, *, src: int, n: int):
     """``x`` (n, *s) on ``src``: rank i gets ``src``'s ``x[i]``."""
     full = broadcast(x, src=src, n=n)
@@ -142,7 +149,7 @@ def send_recv(x, *, src: int, dst: int, n: int):
 BODIES = {
     "all_reduce": all_reduce, "all_gather": all_gather, "broadcast": broadcast,
     "reduce_scatter": reduce_scatter, "all_to_all": all_to_all, "scatter": scatter,
-    "reduce": reduce, "send_recv": send_recv,
+    "reduce": reduce, "send_recv": send_recv, "shard_dim_all_to_all": shard_dim_all_to_all,
 }
 
 

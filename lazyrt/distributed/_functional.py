@@ -184,6 +184,26 @@ def h_broadcast_(e, args, kwargs):
     return t
 
 
+def h_shard_dim_alltoall(e, args, kwargs):
+    b = _bind(e, args, kwargs)
+    t = b["input"]
+    pg = _pg(b["group_name"])
+    n = pg.size()
+    gd, sd = int(b["gather_dim"]) % max(t.dim(), 1), int(b["shard_dim"]) % max(t.dim(), 1)
+    if t.shape[sd] % n == 0:
+        (v,) = _engine.run(pg, "shard_dim_all_to_all",
+                           (("gather_dim", gd), ("shard_dim", sd), ("n", n)), [t],
+                           "shard_dim_alltoall")
+        return _fresh(v, t)
+    # uneven: gather everything, keep this rank's chunk (a rank-dependent slice)
+    with _engine.rank_dependent():
+        (g,) = _engine.run(pg, "all_gather", (("n", n),), [t], "shard_dim_alltoall")
+        full = torch.cat(list(torch.unbind(_fresh(g, t), 0)), dim=gd)
+        size = full.shape[sd] // n
+        out = full.narrow(sd, pg.rank() * size, size).contiguous()
+    return out
+
+
 def h_wait_tensor(e, args, kwargs):
     # lazyrt runs collectives in program order: the value is there (or pending) already.
     return args[0]
@@ -204,9 +224,22 @@ def _fsdp_kernel(name):
           "chunk_cat": fc.chunk_cat}[name]
 
     def h(e, args, kwargs):
+        if name == "all_gather_copy_in" and _engine.fused_active():
+            return _copy_in_rank_free(*args, **kwargs)
         return fn(*args, **kwargs)
 
     return h
+
+
+def _copy_in_rank_free(all_gather_inputs, all_gather_output, inp_split_sizes,
+                       all_gather_input_numel, rank):
+    """``fsdp::all_gather_copy_in`` without the rank: FSDP2 all-gathers the returned input
+    into the returned output at once, so the input need not be a view of the output's
+    slice ``rank``. Writing it there would put a rank-dependent offset into the program,
+    and fused programs must be the same on every rank."""
+    with torch.no_grad():
+        flat = torch.cat([t.reshape(-1).to(all_gather_output.dtype) for t in all_gather_inputs])
+    return flat, all_gather_output
 
 
 # ---- c10d:: ops back to the group's Python methods -------------------------------
@@ -218,6 +251,7 @@ def install() -> None:
         return
     _installed[0] = True
     import torch.distributed._functional_collectives  # noqa: F401  (defines some of the ops)
+    import torch.distributed.tensor._collective_utils  # noqa: F401  (_dtensor:: ops)
 
     table = {
         _c.all_reduce.default: h_all_reduce,
@@ -235,6 +269,7 @@ def install() -> None:
         _c.broadcast_.default: h_broadcast_,
         _c.wait_tensor.default: h_wait_tensor,
         _c._wrap_tensor_autograd.default: h_wrap_tensor_autograd,
+        torch.ops._dtensor.shard_dim_alltoall.default: h_shard_dim_alltoall,
     }
     for op, h in table.items():
         _rt.register_handler(op, h)

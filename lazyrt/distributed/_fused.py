@@ -170,9 +170,21 @@ class _Runner:
 
         lowered = jax.jit(body, donate_argnums=(0,)).lower(
             [sds(a) for a in donated], [sds(a) for a in kept], sds(scal))
-        fp = hashlib.sha1(lowered.as_text().encode()).hexdigest()[:16]
+        text = lowered.as_text()
+        fp = hashlib.sha1(text.encode()).hexdigest()[:16]
+        if dist_config.dump_dir:
+            _dump(text, fp, self.st.pg)
         compiled = _rt.compile_lowered(lowered)
         return _SpmdExe(compiled, self.st.pg, fp, list(self.st.colls))
+
+
+def _dump(text: str, fp: str, pg) -> None:
+    import os
+
+    os.makedirs(dist_config.dump_dir, exist_ok=True)
+    path = os.path.join(dist_config.dump_dir, f"fused_{fp}_rank{pg.rank()}.mlir")
+    with open(path, "w") as f:
+        f.write(text)
 
 
 class _SpmdExe:

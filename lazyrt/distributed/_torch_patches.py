@@ -10,6 +10,11 @@ functions lazyrt.distributed replaces (all of them are listed here).
   parameters; a tpu tensor has no byte storage (its value is a JAX array rebound by every
   write), so for tpu tensors both are no-ops: the unsharded value is replaced by the
   next all-gather's copy-out.
+* DTensor's ``Shard._select_split_tensor`` (Replicate -> Shard, a local chunk ``rank``)
+  runs as a rank-dependent step in fused mode (see ``_engine.rank_dependent``).
+* ``FSDPParamGroup.__init__`` and ``FSDPState._lazy_init`` flush the pending trace when
+  they return (defer mode): FSDP2's sharding copies are rank-dependent and must not join
+  a fused training step.
 """
 from __future__ import annotations
 
@@ -143,9 +148,66 @@ def _patch_fsdp_storage() -> None:
     _fsdp_param_group.alloc_storage = alloc_storage
 
 
+def _patch_fsdp_init() -> None:
+    """FSDP2 shards each parameter at ``fully_shard`` time by copying chunk ``rank`` of it:
+    rank-dependent slices. Flush them there (a rank-local program), so they do not end up
+    in the first training step's program, which in fused mode must be the same on every
+    rank."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fsdp_state
+
+    from . import _engine
+
+    def after(cls, name, when=lambda self: True):
+        orig = getattr(cls, name)
+        if getattr(orig, "_lazyrt", False):
+            return
+
+        def wrapped(self, *args, **kwargs):
+            first = when(self)
+            out = orig(self, *args, **kwargs)
+            if first:
+                _engine.flush_for_c10d(f"FSDP2 {name.strip('_')}")
+            return out
+
+        wrapped._lazyrt = True
+        setattr(cls, name, wrapped)
+
+    after(_fsdp_param_group.FSDPParamGroup, "__init__")
+    # NOTE: _lazy_init runs at every root forward; it does work only the first time.
+    after(_fsdp_state.FSDPState, "_lazy_init", lambda self: self._is_root is None)
+
+
+def _patch_dtensor_local_chunks() -> None:
+    """DTensor's Replicate -> Shard (and ``distribute_tensor`` without a scatter) keeps
+    chunk ``rank`` of the local tensor: a rank-dependent slice. In fused mode it runs as a
+    rank-dependent step (``_engine.rank_dependent``: pending collectives flushed before,
+    the slice flushed after), so fused programs stay the same on every rank."""
+    from torch.distributed.tensor import placement_types as pt
+
+    from . import _engine, _rt
+
+    for cls in (pt.Shard, getattr(pt, "_StridedShard", None)):
+        if cls is None or "_select_split_tensor" not in cls.__dict__:
+            continue
+        orig = cls.__dict__["_select_split_tensor"]
+        if getattr(orig, "_lazyrt", False):
+            continue
+
+        def wrapped(self, tensor, *args, _orig=orig, **kwargs):
+            if not (_rt.is_tpu(tensor) and _engine.fused_active()):
+                return _orig(self, tensor, *args, **kwargs)
+            with _engine.rank_dependent():
+                return _orig(self, tensor, *args, **kwargs)
+
+        wrapped._lazyrt = True
+        setattr(cls, "_select_split_tensor", wrapped)
+
+
 def install() -> None:
     if _installed[0]:
         return
     _installed[0] = True
     install_streams()
     _patch_fsdp_storage()
+    _patch_fsdp_init()
+    _patch_dtensor_local_chunks()
