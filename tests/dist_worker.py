@@ -560,8 +560,169 @@ def dtensor():
     return out
 
 
+@check
+def fused_hazards():
+    """The anti-deadlock rule, exercised on purpose (fused defer mode)."""
+    dist = _init()
+    import lazyrt
+    import lazyrt.distributed as ld
+    from lazyrt.distributed._config import dist_config
+
+    out = []
+    store = dist.distributed_c10d._get_default_store()
+    with lazyrt.set_mode("defer"), ld.fused():
+        # 1. notes/distributed.md's deadlock: rank 0 syncs on the host (.cpu()) while a fused
+        #    all_reduce is pending; rank 1 meanwhile enters a host-side barrier.
+        t = torch.full((4,), float(RANK + 1), device="tpu")
+        dist.all_reduce(t)
+        t0 = time.monotonic()
+        if RANK == 0:
+            got = t.cpu()
+            dist.barrier()
+        else:
+            dist.barrier()
+            got = t.cpu()
+        out.append(("rank-local sync vs barrier: value", got,
+                    torch.full((4,), float(sum(range(1, WORLD + 1))))))
+        out.append(("rank-local sync vs barrier: seconds", time.monotonic() - t0, None))
+        # 2. ranks flush different programs: rank 0 syncs after one all_reduce, the others
+        #    record a second one first -> a clear error on every rank, no hang.
+        a = torch.ones(3, device="tpu")
+        dist.all_reduce(a)
+        if RANK != 0:
+            b = torch.ones(5, device="tpu")
+            dist.all_reduce(b)
+        t0 = time.monotonic()
+        try:
+            a.cpu()
+            out.append(("mismatch error", None, "RuntimeError"))
+        except RuntimeError as e:
+            out.append(("mismatch error", "RuntimeError", "RuntimeError"))
+            out.append(("mismatch message names it", "different collective programs" in str(e), True))
+        out.append(("mismatch seconds", time.monotonic() - t0, None))
+        del a
+        if RANK != 0:
+            del b
+        # 3. a peer that never flushes (it waits on the host for this rank): timeout error.
+        prev = dist_config.sync_timeout
+        dist_config.sync_timeout = 3.0
+        c = torch.ones(2, device="tpu")
+        dist.all_reduce(c)
+        t0 = time.monotonic()
+        if RANK == 0:
+            try:
+                c.cpu()
+                out.append(("timeout error", None, "RuntimeError"))
+            except RuntimeError as e:
+                out.append(("timeout error", "RuntimeError", "RuntimeError"))
+                out.append(("timeout message", "did not reach a flush" in str(e), True))
+            out.append(("timeout seconds", time.monotonic() - t0, None))
+            store.set("lazyrt_test/released", "1")
+        else:
+            store.wait(["lazyrt_test/released"], datetime.timedelta(seconds=60))
+            try:
+                c.cpu()
+                out.append(("late rank error", None, "RuntimeError"))
+            except RuntimeError as e:
+                out.append(("late rank error", "RuntimeError", "RuntimeError"))
+        dist_config.sync_timeout = prev
+        del c
+        # 4. the group still works afterwards
+        d = torch.full((2,), float(RANK), device="tpu")
+        dist.all_reduce(d)
+        out.append(("after the errors", d.cpu(), torch.full((2,), float(sum(range(WORLD))))))
+    return out
+
+
+@check
+def debug_check():
+    """LAZYRT_DIST_CHECK=on: mismatched isolated collectives raise instead of hanging."""
+    dist = _init()
+    from lazyrt.distributed._config import dist_config
+
+    prev = dist_config.check
+    dist_config.check = "on"
+    out = []
+    t = torch.ones(3 if RANK == 0 else 4, device="tpu")
+    try:
+        dist.all_reduce(t)
+        out.append(("shape mismatch error", None, "RuntimeError"))
+    except RuntimeError as e:
+        out.append(("shape mismatch error", "RuntimeError", "RuntimeError"))
+        out.append(("names both", "(3,)" in str(e) and "(4,)" in str(e), True))
+    t = torch.ones(3, device="tpu")
+    dist.all_reduce(t)
+    out.append(("matching passes", t.cpu(), torch.full((3,), float(WORLD))))
+    dist_config.check = prev
+    return out
+
+
+@check
+def multihost():
+    """2 processes x 2 CPU devices: c10d over one device per process, and GSPMD over all 4
+    devices of both processes (a Mesh across processes)."""
+    dist = _init()
+    import jax
+
+    import lazyrt
+    import lazyrt.distributed as ld
+
+    out = [("devices", (len(jax.devices()), len(jax.local_devices())), (2 * WORLD, 2))]
+    t = torch.full((3,), float(RANK + 1), device="tpu")
+    dist.all_reduce(t)
+    out.append(("c10d all_reduce, 2 devices per process", t.cpu(),
+                torch.full((3,), float(sum(range(1, WORLD + 1))))))
+    mesh = ld.Mesh(range(2 * WORLD), (WORLD, 2), ("dp", "fsdp"))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 6, generator=g)
+    w = torch.randn(6, 4, generator=g)
+    for mode in ("strict", "defer"):
+        with lazyrt.set_mode(mode):
+            tx, tw = x.to("tpu"), w.to("tpu")
+            ld.mark_sharding(tx, mesh, (("dp", "fsdp"), None))
+            ld.mark_sharding(tw, mesh, (None, "fsdp"))
+            y = torch.tanh(tx @ tw)
+            s = y.sum()
+            out.append((f"{mode} GSPMD matmul across processes: sum", torch.tensor(s.item()),
+                        torch.tanh(x @ w).sum()))
+            sh = ld.get_sharding(tx)
+            out.append((f"{mode} shards on this process", [tuple(a.data.shape) for a in
+                        lazyrt.distributed._rt.array_of(tx).addressable_shards], [(2, 6), (2, 6)]))
+            out.append((f"{mode} sharding spans processes", sh.is_fully_addressable, False))
+            try:
+                y.cpu()
+                out.append((f"{mode} reading a cross-process array", "no error", "RuntimeError"))
+            except RuntimeError as e:
+                out.append((f"{mode} reading a cross-process array", "RuntimeError", "RuntimeError"))
+                out.append((f"{mode} its message", "non-addressable" in str(e), True))
+    # FSDPv2 across the 4 devices of both processes vs one device (CPU)
+    ref, ref_losses = _reference("adamw")
+    mesh1 = ld.Mesh(range(2 * WORLD), (2 * WORLD,), ("fsdp",))
+    x_all, y_all = _data()
+    for mode in ("strict", "defer"):
+        with lazyrt.set_mode(mode):
+            m = _model().to("tpu")
+            fm = ld.FSDPv2(m, mesh1)
+            opt = _opt(m.parameters(), "adamw")
+            losses = []
+            for st in range(STEPS):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(fm(x_all[st].to("tpu")), y_all[st].to("tpu"))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            out.append((f"{mode} FSDPv2 across processes: losses", torch.tensor(losses),
+                        torch.tensor(ref_losses)))
+    return out
+
+
 def main():
     out_dir, names = sys.argv[1], sys.argv[2].split(",")
+    n_dev = int(os.environ.get("LAZYRT_TEST_CPU_DEVICES", "0") or 0)
+    if n_dev:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", n_dev)
     import lazyrt  # noqa: F401
 
     results = {}
