@@ -93,6 +93,77 @@ def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
     return results
 
 
+def launch_torchrun(checks, nprocs: int = 2, timeout: float = 180, env=None):
+    """As ``launch``, but through ``torchrun`` (its elastic agent sets the env)."""
+    port = free_port()
+    out_dir = tempfile.mkdtemp(prefix="lazyrt_torchrun_")
+    e = _env(0, nprocs, port, env)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}",
+           "--master-addr=127.0.0.1", f"--master-port={port}", WORKER, out_dir, ",".join(checks)]
+    p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True, cwd=ROOT, text=True)
+    try:
+        text, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        text, _ = p.communicate()
+        raise LaunchError(f"torchrun timed out after {timeout}s", _tail(text), {0: text}, {0: None})
+    if p.returncode != 0:
+        raise LaunchError(f"torchrun failed ({p.returncode})", _tail(text), {0: text},
+                          {0: p.returncode})
+    return [torch.load(os.path.join(out_dir, f"result{r}.pt"), weights_only=False)
+            for r in range(nprocs)]
+
+
+def check_items(results, train_atol: float = 1e-6) -> dict:
+    """Assert every ``(name, got, expected)`` of every rank: same type, dtype, shape and
+    values (bfloat16 to 1e-2 relative, float32 to 1e-5; training params and losses to
+    ``train_atol`` absolute). Items with ``expected`` None are information; returned as
+    {(rank, name): got} together with the training deviations."""
+    info, failures = {}, []
+    for rank, per_check in enumerate(results):
+        for chk, items in per_check.items():
+            for name, got, exp in items:
+                if exp is None:
+                    info[(rank, name)] = got
+                    continue
+                try:
+                    _compare(name, got, exp, train_atol, info, rank)
+                except AssertionError as e:
+                    failures.append(f"rank {rank} [{chk}] {name}: {e}")
+    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures[:40])
+    return info
+
+
+def _compare(name, got, exp, train_atol, info, rank):
+    if isinstance(exp, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got).__name__}"
+        assert got.dtype == exp.dtype, f"dtype {got.dtype} != {exp.dtype}"
+        assert got.shape == exp.shape, f"shape {tuple(got.shape)} != {tuple(exp.shape)}"
+        if " params" in name or name.endswith("losses"):
+            dev = (got.double() - exp.double()).abs().max().item() if exp.numel() else 0.0
+            info[(rank, name + " max deviation")] = max(dev, info.get((rank, name + " max deviation"), 0.0))
+            assert dev <= train_atol, f"max deviation {dev:.3g} > {train_atol:g}"
+        elif exp.dtype == torch.bfloat16:
+            torch.testing.assert_close(got, exp, rtol=1e-2, atol=1e-2)
+        elif exp.dtype.is_floating_point:
+            torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, exp), f"{got} != {exp}"
+    elif isinstance(exp, (list, tuple)) and exp and isinstance(exp[0], torch.Tensor):
+        assert isinstance(got, (list, tuple)) and len(got) == len(exp), \
+            f"expected {len(exp)} tensors, got {got!r:.200}"
+        for i, (g, e) in enumerate(zip(got, exp)):
+            try:
+                _compare(name, g, e, train_atol, info, rank)
+            except AssertionError as ex:
+                raise AssertionError(f"[{i}] {ex}") from None
+    else:
+        assert got == exp, f"{got!r:.300} != {exp!r:.300}"
+
+
 def _tail(s: str, n: int = 40) -> str:
     lines = [ln for ln in s.splitlines() if not ln.startswith(("W0", "I0", "[Gloo]"))]
     return "\n".join(lines[-n:])

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-RANK = int(os.environ["RANK"])
+RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ["WORLD_SIZE"])
 CHECKS: dict = {}
 
@@ -465,6 +465,12 @@ def ddp():
     return out
 
 
+@check
+def ddp_ci():
+    return (_ddp_case("fused", "adamw", bucket_view=True, bucket_mb=0.0005)
+            + _ddp_case("defer", "sgd", bucket_view=False, bucket_mb=25))
+
+
 def _fsdp_case(mode, kind, reshard=True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -492,8 +498,8 @@ def _fsdp_case(mode, kind, reshard=True):
 
 
 @check
-def fsdp2_fused():
-    return _fsdp_case("fused", "sgd")
+def fsdp2_ci():
+    return _fsdp_case("fused", "sgd") + _fsdp_case("strict", "adamw")
 
 
 @check
@@ -713,6 +719,101 @@ def multihost():
                 losses.append(loss.item())
             out.append((f"{mode} FSDPv2 across processes: losses", torch.tensor(losses),
                         torch.tensor(ref_losses)))
+    return out
+
+
+def _norm(spec):
+    """A PartitionSpec as a tuple without trailing Nones (P('x') == P('x', None))."""
+    t = list(spec)
+    while t and t[-1] is None:
+        t.pop()
+    return tuple(t)
+
+
+@check
+def spmd():
+    """One process, 4 CPU devices: Mesh, mark_sharding, GSPMD in strict and defer, the
+    re-sharded-input cache case, FSDPv2 training vs one device."""
+    import jax
+
+    import lazyrt
+    import lazyrt.distributed as ld
+
+    out = [("devices", len(jax.devices()), 4)]
+    mesh = ld.Mesh(range(4), (2, 2), ("dp", "fsdp"))
+    mesh1 = ld.Mesh(range(4), (4,), ("fsdp",))
+    # NOTE: one computation takes one device order: a permuted mesh is used on its own.
+    mesh_rev = ld.Mesh([3, 2, 1, 0], (4,), ("fsdp",))
+    out.append(("mesh shape", dict(mesh.shape()), {"dp": 2, "fsdp": 2}))
+    out.append(("logical mesh", mesh_rev.get_logical_mesh().tolist(), [3, 2, 1, 0]))
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(8, 12, generator=g)
+    w = torch.randn(12, 4, generator=g)
+    for mode in ("strict", "defer"):
+        with lazyrt.set_mode(mode):
+            tx, tw = x.to("tpu"), w.to("tpu")
+            ld.mark_sharding(tx, mesh, ("dp", "fsdp"))
+            ld.mark_sharding(tw, mesh, ("fsdp", None))
+            out.append((f"{mode} spec", _norm(ld.get_sharding(tx).spec), ("dp", "fsdp")))
+            arr = ld._rt.array_of(tx)
+            out.append((f"{mode} shard shapes", sorted({tuple(s.data.shape) for s in arr.addressable_shards}), [(4, 6)]))
+            y = torch.relu(tx @ tw) * 2 - 1
+            out.append((f"{mode} GSPMD matmul", y.cpu(), torch.relu(x @ w) * 2 - 1))
+            out.append((f"{mode} .item() of a sharded reduction", torch.tensor(y.sum().item()),
+                        (torch.relu(x @ w) * 2 - 1).sum()))
+            # the same op on the same shape, re-sharded: its own executable, not an error
+            for spec, m in (((None, "fsdp"), mesh1), (("fsdp", None), mesh_rev), ((None, None), mesh),
+                            (("dp", None), mesh)):
+                t = x.to("tpu")
+                ld.mark_sharding(t, m, spec)
+                r = torch.sin(t) * 3 + t
+                out.append((f"{mode} re-sharded input {spec}", r.cpu(), torch.sin(x) * 3 + x))
+                out.append((f"{mode} re-sharded input {spec} keeps spec", _norm(ld.get_sharding(t).spec),
+                            _norm(spec)))
+            plain = x.to("tpu")
+            out.append((f"{mode} sharded + unsharded", (tx + plain).cpu(), x + x))
+            # a pending value annotated with a sharding constraint
+            p = tx * 3
+            ld.mark_sharding(p, mesh1, (None, "fsdp"))
+            out.append((f"{mode} pending annotated: value", p.cpu(), x * 3))
+            out.append((f"{mode} pending annotated: spec", _norm(ld.get_sharding(p).spec), (None, "fsdp")))
+            ld.clear_sharding(p)
+            out.append((f"{mode} clear_sharding", _norm(ld.get_sharding(p).spec), ()))
+    try:
+        ld.mark_sharding(x.to("tpu"), mesh1, ("fsdp",))
+        out.append(("bad spec error", None, "ValueError"))
+    except ValueError:
+        out.append(("bad spec error", "ValueError", "ValueError"))
+    try:
+        ld.Mesh(range(8), (8,), ("x",))
+        out.append(("too many devices error", None, "ValueError"))
+    except ValueError:
+        out.append(("too many devices error", "ValueError", "ValueError"))
+    # FSDPv2 training (4-way fsdp) vs the full batch on one device (CPU)
+    for kind in ("sgd", "adamw"):
+        ref, ref_losses = _reference(kind)
+        xs, ys = _data()
+        for mode in ("strict", "defer"):
+            with lazyrt.set_mode(mode):
+                m = _model().to("tpu")
+                fm = ld.FSDPv2(m, mesh1)
+                opt = _opt(m.parameters(), kind)
+                losses = []
+                from lazyrt.metrics import COUNTERS
+
+                for st in range(STEPS):
+                    f0 = COUNTERS["flushes"]
+                    opt.zero_grad()
+                    loss = torch.nn.functional.mse_loss(fm(xs[st].to("tpu")), ys[st].to("tpu"))
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                    flushes = COUNTERS["flushes"] - f0
+                out.append((f"{mode} FSDPv2 {kind} params", [p.detach().cpu() for p in m.parameters()], ref))
+                out.append((f"{mode} FSDPv2 {kind} losses", torch.tensor(losses), torch.tensor(ref_losses)))
+                out.append((f"{mode} FSDPv2 {kind} param specs", [str(ld.get_sharding(p).spec) for p in m.parameters()],
+                            None))
+                out.append((f"{mode} FSDPv2 {kind} flushes in the last step", flushes, None))
     return out
 
 
