@@ -36,6 +36,8 @@ def _env(rank, world, port, extra):
         "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
         "LAZYRT_DIST_INIT_TIMEOUT": env.get("LAZYRT_DIST_INIT_TIMEOUT", "60"),
         "OMP_NUM_THREADS": "1",
+        # a rank that fails waits this long in JAX's shutdown barrier before it exits
+        "LAZYRT_DIST_SHUTDOWN_TIMEOUT": env.get("LAZYRT_DIST_SHUTDOWN_TIMEOUT", "20"),
     })
     env.pop("TORCH_TPU_MODE", None)
     env.update({k: str(v) for k, v in (extra or {}).items()})
@@ -86,10 +88,11 @@ def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
                           for r, p in procs)
         raise LaunchError(("timed out after %gs" % timeout) if timed_out else
                           f"rank(s) {failed} failed", tails, text,
-                          {r: p.returncode for r, p in procs})
+                          {r: p.returncode for r, p in procs}, out_dir)
     results = []
     for r, _ in procs:
-        results.append(torch.load(os.path.join(out_dir, f"result{r}.pt"), weights_only=False))
+        path = os.path.join(out_dir, f"result{r}.pt")
+        results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
     return results
 
 
@@ -109,10 +112,11 @@ def launch_torchrun(checks, nprocs: int = 2, timeout: float = 180, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         text, _ = p.communicate()
-        raise LaunchError(f"torchrun timed out after {timeout}s", _tail(text), {0: text}, {0: None})
+        raise LaunchError(f"torchrun timed out after {timeout}s", _tail(text), {0: text}, {0: None},
+                          out_dir)
     if p.returncode != 0:
         raise LaunchError(f"torchrun failed ({p.returncode})", _tail(text), {0: text},
-                          {0: p.returncode})
+                          {0: p.returncode}, out_dir)
     return [torch.load(os.path.join(out_dir, f"result{r}.pt"), weights_only=False)
             for r in range(nprocs)]
 
@@ -170,7 +174,13 @@ def _tail(s: str, n: int = 40) -> str:
 
 
 class LaunchError(AssertionError):
-    def __init__(self, msg, tails, logs, codes):
+    def __init__(self, msg, tails, logs, codes, out_dir=None):
         super().__init__(f"{msg}\n{tails}")
         self.logs = logs
         self.codes = codes
+        self.out_dir = out_dir
+
+    def result(self, rank: int):
+        """What rank ``rank`` saved before it failed (None if it saved nothing)."""
+        path = os.path.join(self.out_dir or "", f"result{rank}.pt")
+        return torch.load(path, weights_only=False) if os.path.exists(path) else None

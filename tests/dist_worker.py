@@ -25,7 +25,10 @@ def check(fn):
     return fn
 
 
-def _init(backend="tpu"):
+BACKEND = os.environ.get("LAZYRT_TEST_BACKEND", "tpu")
+
+
+def _init(backend=BACKEND):
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -241,7 +244,7 @@ def host_side():
     dist.scatter_object_list(so, [f"o{r}" for r in range(WORLD)] if RANK == 0 else None, src=0)
     out.append(("scatter_object_list", so[0], f"o{RANK}"))
     dist.barrier()
-    out.append(("backend name", dist.get_backend(), "tpu"))
+    out.append(("backend name", dist.get_backend(), BACKEND))
     out.append(("world size / rank", (dist.get_world_size(), dist.get_rank()), (WORLD, RANK)))
     import torch.distributed.distributed_c10d as c10d
 
@@ -522,8 +525,8 @@ def dtensor():
     mesh = init_device_mesh("tpu", (WORLD,))
     out.append(("mesh device type", mesh.device_type, "tpu"))
     g = torch.Generator().manual_seed(3)
-    a = torch.randn(4 * WORLD, 6, generator=g)
-    b = torch.randn(6, 2 * WORLD, generator=g)
+    a = torch.randn(4 * WORLD, 3 * WORLD, generator=g)
+    b = torch.randn(3 * WORLD, 2 * WORLD, generator=g)
     for mode in ("strict", "defer", "fused"):
         with _mode_ctx(mode):
             da = distribute_tensor(a.to("tpu"), mesh, [Shard(0)])
@@ -828,12 +831,16 @@ def main():
 
     results = {}
     for name in names:
+        t0 = time.monotonic()
         results[name] = CHECKS[name]()
+        print(f"lazyrt-test: rank {RANK} check {name} took {time.monotonic() - t0:.1f} s",
+              file=sys.stderr, flush=True)
     torch.save(results, os.path.join(out_dir, f"result{RANK}.pt"))
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    print(f"lazyrt-test: rank {RANK} done", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

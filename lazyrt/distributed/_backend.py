@@ -82,8 +82,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "tpu"
 
-    @property
-    def name(self):  # noqa: D401  (what dist.get_backend reads)
+    def name(self) -> str:
         return "tpu"
 
     def setGroupName(self, name: str) -> None:

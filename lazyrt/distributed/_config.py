@@ -10,6 +10,9 @@
 ``LAZYRT_DIST_INIT_TIMEOUT``  at most this many seconds for all ranks to check in before
                            jax.distributed starts (300; the group's own timeout if shorter).
 ``LAZYRT_DIST_HEARTBEAT_TIMEOUT``  jax.distributed's heartbeat timeout in seconds (100).
+``LAZYRT_DIST_SHUTDOWN_TIMEOUT``  seconds a process waits at exit for the others in
+                           jax.distributed's shutdown barrier (60; JAX's default is 300):
+                           how long a rank that failed lingers before it exits.
 ``LAZYRT_DIST_DUMP``       a directory: every fused program's StableHLO is written there as
                            fused_<fingerprint>_rank<r>.mlir (to diff two ranks' programs).
 """
@@ -49,6 +52,7 @@ class DistConfig:
     sync_timeout: float = 300.0
     init_timeout: float = 300.0
     heartbeat_timeout: int = 100
+    shutdown_timeout: int = 60
     dump_dir: str | None = None
 
     @classmethod
@@ -59,6 +63,7 @@ class DistConfig:
             sync_timeout=_env_float("LAZYRT_DIST_SYNC_TIMEOUT", 300.0),
             init_timeout=_env_float("LAZYRT_DIST_INIT_TIMEOUT", 300.0),
             heartbeat_timeout=int(_env_float("LAZYRT_DIST_HEARTBEAT_TIMEOUT", 100)),
+            shutdown_timeout=int(_env_float("LAZYRT_DIST_SHUTDOWN_TIMEOUT", 60)),
             dump_dir=os.environ.get("LAZYRT_DIST_DUMP") or None,
         )
 

@@ -101,7 +101,8 @@ def ensure_started(store, rank: int, world: int, timeout) -> None:
     addr = store.get(_KEY).decode()
     jd.initialize(coordinator_address=addr, num_processes=world, process_id=rank,
                   initialization_timeout=max(int(secs), 1),
-                  heartbeat_timeout_seconds=dist_config.heartbeat_timeout)
+                  heartbeat_timeout_seconds=dist_config.heartbeat_timeout,
+                  shutdown_timeout_seconds=dist_config.shutdown_timeout)
 
 
 def global_devices_by_rank() -> list:
