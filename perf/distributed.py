@@ -48,7 +48,7 @@ def _ready(model) -> None:
     from lazyrt.distributed import _rt
 
     p = next(model.parameters())
-    p = p.to_local() if hasattr(p, "to_local") else p
+    p = getattr(p, "_local_tensor", p)  # a DTensor parameter: its local shard, no op
     _rt.array_of(p.detach()).block_until_ready()
 
 
@@ -88,6 +88,12 @@ def _train(args, wrapper: str, mode: str) -> dict:
         opt.step()
         _ready(model)
         dt = time.perf_counter() - t0
+        if os.environ.get("LAZYRT_PERF_SHOW_FLUSHES") and dist.get_rank() == 0:
+            from lazyrt import memory
+
+            print("step", step, [(r.name, r.source.rsplit("/", 1)[-1], r.num_ops)
+                                 for r in memory.flush_log()[-6:] if r.mode == "defer"],
+                  file=sys.stderr, flush=True)
         if step >= args.warmup:
             times.append(dt * 1e3)
             flushes.append(COUNTERS["flushes"] - f0)

@@ -8,8 +8,8 @@ How the program is built: the flush function lazyrt's defer mode traces for any 
 traced inside a ``shard_map`` over the mesh of the trace's group (one group per fused
 program: a collective on another group flushes first); every input is this rank's local
 array declared replicated (``_collectives`` explains why that is exact), and the
-collective nodes' bodies use the mesh axis. Collective nodes are chained through an
-``optimization_barrier`` on the previous one's output, so XLA keeps their program order.
+collective nodes' bodies use the mesh axis. Every rank compiles the same program (the
+check below makes sure), so XLA schedules its collectives the same way on every rank.
 
 The anti-deadlock rule is in ``_engine``; this module enforces its second half: before a
 fused program runs, every rank of its group publishes the program's fingerprint (a hash of
@@ -29,7 +29,6 @@ import weakref
 
 import jax
 import numpy as np
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from . import _collectives, _engine, _rt
@@ -39,11 +38,10 @@ STATS = _engine.STATS
 
 
 class _TraceState:
-    __slots__ = ("pg", "token", "colls")
+    __slots__ = ("pg", "colls")
 
     def __init__(self, pg):
         self.pg = pg
-        self.token = None
         self.colls: list = []
 
 
@@ -94,18 +92,13 @@ def _install_runner() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _prog(comm, kind, params, in_avals, tok_aval):
-    key = (id(comm), kind, params, in_avals, tok_aval)
+def _prog(comm, kind, params, in_avals):
+    key = (id(comm), kind, params, in_avals)
     prog = _progs.get(key)
     if prog is None:
         b = _collectives.body(kind, params)
-        n_in = len(in_avals)
 
         def fn(*xs):
-            if tok_aval is not None:
-                # NOTE: tie this collective to the previous one so XLA keeps program order
-                # (ranks must issue collectives in the same order).
-                xs, _ = lax.optimization_barrier((tuple(xs[:n_in]), xs[n_in]))
             return (b(*xs),)
 
         outs = _engine.out_avals(comm, kind, params, in_avals)
@@ -125,15 +118,12 @@ def record(pg, kind: str, params: tuple, tensors) -> list:
         st = None
     vals = [_rt.value_of(t) for t in tensors]
     in_avals = tuple((tuple(v.shape), np.dtype(v.dtype)) for v in vals)
-    tok = st.token if st is not None else None
-    tok_aval = None if tok is None else (tuple(tok.shape), np.dtype(tok.dtype))
-    prog = _prog(pg.comm, kind, params, in_avals, tok_aval)
-    outs = _rt.run(prog, vals + ([tok] if tok is not None else []))
+    prog = _prog(pg.comm, kind, params, in_avals)
+    outs = _rt.run(prog, vals)
     tr = outs[0].trace
     st = _states.get(tr)
     if st is None:
         st = _states[tr] = _TraceState(pg)
-    st.token = outs[0]
     st.colls.append(prog.desc)
     STATS["fused_recorded"] += 1
     return outs
