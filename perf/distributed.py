@@ -49,7 +49,7 @@ def _ready(model) -> None:
 
     p = next(model.parameters())
     p = getattr(p, "_local_tensor", p)  # a DTensor parameter: its local shard, no op
-    _rt.array_of(p.detach()).block_until_ready()
+    _rt.wait_ready(p)
 
 
 def _train(args, wrapper: str, mode: str) -> dict:

@@ -663,6 +663,16 @@ def debug_check():
     dist.all_reduce(t)
     out.append(("matching passes", t.cpu(), torch.full((3,), float(WORLD))))
     dist_config.check = prev
+    # send/recv are always checked: two ranks that both send first get an error
+    x = torch.ones(2, device="tpu")
+    t0 = time.monotonic()
+    try:
+        dist.send(x, (RANK + 1) % WORLD)
+        out.append(("both send first error", None, "RuntimeError"))
+    except RuntimeError as e:
+        out.append(("both send first error", "RuntimeError", "RuntimeError"))
+        out.append(("its advice", "matching order" in str(e), True))
+    out.append(("both send first seconds", time.monotonic() - t0, None))
     return out
 
 

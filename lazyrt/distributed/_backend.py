@@ -11,8 +11,6 @@ pending value, and reading it is a sync point like any other.
 """
 from __future__ import annotations
 
-import datetime
-
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
@@ -417,6 +415,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         me, peer = (0, 1) if self.rank() == a else (1, 0)
         with _engine.rank_dependent():
             for t in tensors:
+                _p2p_check(pg, me, peer, t, "send")
                 _engine.run(pg, "send_recv", (("src", me), ("dst", peer), ("n", 2)), [t], "send")
         return _done(list(tensors))
 
@@ -427,6 +426,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         me, peer = (0, 1) if self.rank() == a else (1, 0)
         with _engine.rank_dependent():
             for t in tensors:
+                _p2p_check(pg, peer, me, t, "recv")
                 (v,) = _engine.run(pg, "send_recv", (("src", peer), ("dst", me), ("n", 2)), [t],
                                    "recv")
                 _rt.write(t, v)
@@ -462,6 +462,18 @@ class ProcessGroupTpu(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupTpu(rank={self.rank()}, size={self.size()}, name={self._name!r})"
+
+
+def _p2p_check(pg, src: int, dst: int, t, what: str) -> None:
+    """A send runs as one XLA program with the matching recv on the peer: both ends must
+    be at the same transfer. Checked through the store (unless LAZYRT_DIST_CHECK=off), so
+    two ranks that both send first (a batch_isend_irecv ring) get an error, not a hang."""
+    if dist_config.check == "off":
+        return
+    from . import _fused
+
+    sig = f"p2p {src}->{dst} {tuple(t.shape)}:{t.dtype}"
+    _fused.check(pg, sig, f"{what} at {_rt.user_line()}", ns="p2p")
 
 
 def _max_opts():
@@ -509,5 +521,3 @@ def create(dist_backend_opts, backend_options=None) -> ProcessGroupTpu:
     _functional.install()
     return ProcessGroupTpu(store, rank, size, timeout, ranks, str(dist_backend_opts.group_id))
 
-
-_ = (datetime, dist_config)

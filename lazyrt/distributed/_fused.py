@@ -245,10 +245,21 @@ def check(pg, what: str, where: str, ns: str = "fused") -> None:
         raise RuntimeError(
             f"lazyrt.distributed: the ranks of group {pg.getGroupName()!r} are about to run "
             f"different collective programs, which would deadlock or corrupt results:\n"
-            f"{lines}\nEvery rank must flush the same pending collectives at the same point; "
-            f"a rank-local sync (.item(), .cpu(), print on one rank) while fused collectives "
-            f"are pending breaks that: sync after optimizer.step()/lazyrt.sync(), or use "
-            f"isolated collectives (LAZYRT_DIST_FUSED=0).")
+            f"{lines}\n{_ADVICE[ns]}")
+
+
+_ADVICE = {
+    "fused": "Every rank must flush the same pending collectives at the same point; a "
+             "rank-local sync (.item(), .cpu(), print on one rank) while fused collectives "
+             "are pending breaks that, and so does rank-dependent work recorded with them: "
+             "sync after optimizer.step()/lazyrt.sync(), or use isolated collectives "
+             "(LAZYRT_DIST_FUSED=0).",
+    "isolated": "Every rank must call the same collectives, with the same shapes and dtypes, "
+                "in the same order.",
+    "p2p": "A send runs as one program with the matching recv on the peer: call them in "
+           "matching order (a send on one rank meets a recv on the other); two ranks that "
+           "both send first (batch_isend_irecv rings) are not supported on tpu tensors.",
+}
 
 
 def check_isolated(pg, kind: str, params: tuple, arrays) -> None:

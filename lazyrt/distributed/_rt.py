@@ -171,3 +171,13 @@ def user_line() -> str:
     from .. import _source
 
     return _source.user_line(3)
+
+
+def wait_ready(t: TpuTensor) -> None:
+    """Block until the device has computed ``t``'s storage (its base value; no op is run
+    to derive a view)."""
+    v = t._st.value
+    if type(v) is Pending:
+        flush(reason="wait_ready")
+        v = t._st.value
+    v.block_until_ready()
