@@ -198,7 +198,7 @@ def _launch(args, case: str, world: int, fused: bool, timeout: float = 600) -> d
             for q in procs:
                 if q.poll() is None:
                     os.killpg(q.pid, signal.SIGKILL)
-            raise RuntimeError(f"{case} on {world} ranks timed out")
+            raise RuntimeError(f"{case} on {world} ranks timed out") from None
         errs.append(err)
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{case} on {world} ranks failed:\n" + "\n".join(e[-2000:] for e in errs))

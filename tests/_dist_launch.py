@@ -62,7 +62,7 @@ def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
         logs.append(log)
     deadline = time.monotonic() + timeout
     timed_out = False
-    for r, p in procs:
+    for _, p in procs:
         left = deadline - time.monotonic()
         try:
             p.wait(timeout=max(left, 0.1))
@@ -78,7 +78,7 @@ def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
                     pass
                 p.wait()
     text = {}
-    for (r, p), log in zip(procs, logs):
+    for (r, _), log in zip(procs, logs):
         log.seek(0)
         text[r] = log.read()
         log.close()
@@ -86,7 +86,7 @@ def launch(checks, nprocs: int = 2, timeout: float = 180, env=None, ranks=None,
     if timed_out or failed:
         tails = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n" + _tail(text[r])
                           for r, p in procs)
-        raise LaunchError(("timed out after %gs" % timeout) if timed_out else
+        raise LaunchError(f"timed out after {timeout:g}s" if timed_out else
                           f"rank(s) {failed} failed", tails, text,
                           {r: p.returncode for r, p in procs}, out_dir)
     results = []
@@ -113,7 +113,7 @@ def launch_torchrun(checks, nprocs: int = 2, timeout: float = 180, env=None):
         os.killpg(p.pid, signal.SIGKILL)
         text, _ = p.communicate()
         raise LaunchError(f"torchrun timed out after {timeout}s", _tail(text), {0: text}, {0: None},
-                          out_dir)
+                          out_dir) from None
     if p.returncode != 0:
         raise LaunchError(f"torchrun failed ({p.returncode})", _tail(text), {0: text},
                           {0: p.returncode}, out_dir)

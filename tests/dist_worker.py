@@ -88,7 +88,7 @@ def _collectives(tag):
     dist = _init()
     ops = _ops()
     out = []
-    tpu = lambda c: c.to("tpu")  # noqa: E731
+    tpu = lambda c: c.to("tpu")
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         opnames = ["sum", "avg", "max", "min", "product"] + (["band"] if dtype == torch.int64 else [])
         for op in opnames:
@@ -315,7 +315,7 @@ def start_late():
     _ = torch.ones(2, device="tpu") + 1
     try:
         dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=20))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return [("error", type(e).__name__, "RuntimeError"), ("message", str(e), None)]
     return [("error", None, "RuntimeError")]
 
@@ -329,7 +329,7 @@ def missing_peer():
     t0 = time.monotonic()
     try:
         dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=10))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return [("error", type(e).__name__, None), ("message", str(e), None),
                 ("seconds", time.monotonic() - t0, None)]
     return [("error", None, "an error")]
@@ -349,7 +349,7 @@ def peer_dies():
     try:
         dist.all_reduce(t)
         t.cpu()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return [("error", type(e).__name__, None), ("message", str(e)[:2000], None),
                 ("seconds", time.monotonic() - t0, None)]
     return [("no error", t.cpu(), None)]
@@ -632,7 +632,7 @@ def fused_hazards():
             try:
                 c.cpu()
                 out.append(("late rank error", None, "RuntimeError"))
-            except RuntimeError as e:
+            except RuntimeError:
                 out.append(("late rank error", "RuntimeError", "RuntimeError"))
         dist_config.sync_timeout = prev
         del c
@@ -769,7 +769,8 @@ def spmd():
             ld.mark_sharding(tw, mesh, ("fsdp", None))
             out.append((f"{mode} spec", _norm(ld.get_sharding(tx).spec), ("dp", "fsdp")))
             arr = ld._rt.array_of(tx)
-            out.append((f"{mode} shard shapes", sorted({tuple(s.data.shape) for s in arr.addressable_shards}), [(4, 6)]))
+            shapes = sorted({tuple(s.data.shape) for s in arr.addressable_shards})
+            out.append((f"{mode} shard shapes", shapes, [(4, 6)]))
             y = torch.relu(tx @ tw) * 2 - 1
             out.append((f"{mode} GSPMD matmul", y.cpu(), torch.relu(x @ w) * 2 - 1))
             out.append((f"{mode} .item() of a sharded reduction", torch.tensor(y.sum().item()),

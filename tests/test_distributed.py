@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _dist_launch import ROOT, check_items, launch
 
 

@@ -8,7 +8,6 @@ DTensor on a 2 x 2 mesh (4 ranks); 2 processes x 2 devices (multi-host GSPMD);
 from __future__ import annotations
 
 import pytest
-
 from _dist_launch import check_items, launch, launch_torchrun
 
 pytestmark = pytest.mark.slow

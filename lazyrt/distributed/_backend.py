@@ -41,7 +41,7 @@ def reduce_op_name(op) -> str:
     raise NotImplementedError(f"lazyrt: reduce op {op} is not supported on tpu tensors")
 
 
-def _done(result) -> "dist.Work":
+def _done(result) -> dist.Work:
     fut = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)

@@ -56,7 +56,7 @@ class DistConfig:
     dump_dir: str | None = None
 
     @classmethod
-    def from_env(cls) -> "DistConfig":
+    def from_env(cls) -> DistConfig:
         return cls(
             fused=_env_bool("LAZYRT_DIST_FUSED"),
             check=_env_check(),

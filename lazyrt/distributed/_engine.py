@@ -23,7 +23,6 @@ import numpy as np
 from . import _collectives, _rt
 from ._config import dist_config
 
-
 STATS = {"isolated": 0, "fused_recorded": 0, "fused_flushes": 0, "checks": 0,
          "check_seconds": 0.0}
 

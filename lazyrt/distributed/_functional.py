@@ -250,8 +250,9 @@ def install() -> None:
     if _installed[0]:
         return
     _installed[0] = True
-    import torch.distributed._functional_collectives  # noqa: F401  (defines some of the ops)
-    import torch.distributed.tensor._collective_utils  # noqa: F401  (_dtensor:: ops)
+    # these define some of the ops (_c10d_functional._wrap_tensor_autograd, _dtensor::*)
+    import torch.distributed._functional_collectives
+    import torch.distributed.tensor._collective_utils
 
     table = {
         _c.all_reduce.default: h_all_reduce,
@@ -273,7 +274,7 @@ def install() -> None:
     }
     for op, h in table.items():
         _rt.register_handler(op, h)
-    import torch.distributed.fsdp  # noqa: F401  (defines the fsdp:: ops)
+    import torch.distributed.fsdp  # defines the fsdp:: ops
 
     for name in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"):
         _rt.register_handler(getattr(torch.ops.fsdp, name).default, _fsdp_kernel(name))

@@ -45,7 +45,7 @@ class _TraceState:
         self.colls: list = []
 
 
-_states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _progs: dict = {}
 _reason = ["sync"]
 

@@ -200,7 +200,7 @@ def _patch_dtensor_local_chunks() -> None:
                 return _orig(self, tensor, *args, **kwargs)
 
         wrapped._lazyrt = True
-        setattr(cls, "_select_split_tensor", wrapped)
+        cls._select_split_tensor = wrapped
 
 
 def install() -> None:
