@@ -31,7 +31,7 @@ def _pg(group_name):
 
 def _bind(e, args, kwargs) -> dict:
     out = {}
-    for i, a in enumerate(e.schema.arguments):
+    for i, a in enumerate(e.op._schema.arguments):
         if i < len(args):
             out[a.name] = args[i]
         elif a.name in kwargs:

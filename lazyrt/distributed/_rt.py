@@ -181,3 +181,15 @@ def wait_ready(t: TpuTensor) -> None:
         flush(reason="wait_ready")
         v = t._st.value
     v.block_until_ready()
+
+
+def memory_analysis(compiled):
+    return memory.MemoryAnalysis.of(compiled)
+
+
+def note_compile(seconds: float) -> None:
+    """Count a compile lazyrt.distributed did for the core (cache_misses, compile_seconds)."""
+    from ..metrics import COUNTERS
+
+    COUNTERS["cache_misses"] += 1
+    COUNTERS["compile_seconds"] += seconds
