@@ -13,6 +13,10 @@
 ``LAZYRT_DIST_SHUTDOWN_TIMEOUT``  seconds a process waits at exit for the others in
                            jax.distributed's shutdown barrier (60; JAX's default is 300):
                            how long a rank that failed lingers before it exits.
+``LAZYRT_COORDINATOR_HOST`` / ``LAZYRT_COORDINATOR_PORT``  where rank 0 serves
+                           jax.distributed (default: the interface that routes to MASTER_ADDR,
+                           a free port); ``LAZYRT_LOCAL_DEVICE_IDS``: the devices a process
+                           may use (``local_rank``, or a comma list); see ``_startup``.
 ``LAZYRT_DIST_DUMP``       a directory: every fused program's StableHLO is written there as
                            fused_<fingerprint>_rank<r>.mlir (to diff two ranks' programs).
 """

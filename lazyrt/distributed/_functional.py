@@ -49,7 +49,7 @@ def _fresh(v, like) -> torch.Tensor:
 
 
 def _all_reduce_vals(pg, tensors, op):
-    from ._backend import reduce_op_name
+    from ._pgutil import reduce_op_name
 
     name = reduce_op_name(op)
     return [_engine.run(pg, "all_reduce", (("op", name), ("n", pg.size())), [t], "all_reduce")[0]
@@ -85,7 +85,7 @@ def h_all_reduce_coalesced_(e, args, kwargs):
 
 
 def _gather_dim0(pg, t, group_size):
-    from ._backend import _reshape
+    from ._pgutil import _reshape
 
     n = pg.size()
     if group_size != n:
@@ -115,7 +115,7 @@ def h_all_gather_into_tensor_coalesced(e, args, kwargs):
 
 
 def _scatter_dim0(pg, t, op, group_size):
-    from ._backend import reduce_op_name
+    from ._pgutil import reduce_op_name
 
     n = pg.size()
     if group_size != n:

@@ -52,6 +52,18 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _local_device_ids():
+    """``LAZYRT_LOCAL_DEVICE_IDS``: the devices this process may use (a comma list, or
+    ``local_rank`` for ``[LOCAL_RANK]``), for hosts where every process sees every chip
+    (several GPUs per host, one rank per GPU). Unset: JAX's default (all visible)."""
+    v = os.environ.get("LAZYRT_LOCAL_DEVICE_IDS", "").strip().lower()
+    if not v:
+        return None
+    if v == "local_rank":
+        return [int(os.environ.get("LOCAL_RANK", "0"))]
+    return [int(x) for x in v.split(",") if x.strip()]
+
+
 def _seconds(timeout) -> float:
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
@@ -100,6 +112,7 @@ def ensure_started(store, rank: int, world: int, timeout) -> None:
             f"init_process_group? ({type(e).__name__}: {e})") from e
     addr = store.get(_KEY).decode()
     jd.initialize(coordinator_address=addr, num_processes=world, process_id=rank,
+                  local_device_ids=_local_device_ids(),
                   initialization_timeout=max(int(secs), 1),
                   heartbeat_timeout_seconds=dist_config.heartbeat_timeout,
                   shutdown_timeout_seconds=dist_config.shutdown_timeout)
