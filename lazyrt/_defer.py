@@ -51,6 +51,12 @@ _X64 = jax.enable_x64
 
 
 _trace = Trace()
+# lazyrt.distributed: a hook asked at each flush for an SPMD compile of traces holding
+# fused collectives (None, or an object whose compile_program(fn, args, donate_argnums)
+# returns what _xla.compile_program does).
+spmd_runner = None
+# lazyrt.distributed sets this once a Mesh exists: leaves are keyed on their sharding too.
+KEY_SHARDING = False
 _cache: LRUCache = LRUCache(maxsize=config.cache_size)
 _history = {"flushes": 0, "compiles": 0}
 
@@ -109,7 +115,7 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
             li = len(tr.leaves)
             tr.leaf_index[k] = li
             tr.leaves.append(v)
-            aval = (v.shape, v.dtype)
+            aval = (v.shape, v.dtype, v.sharding) if KEY_SHARDING else (v.shape, v.dtype)
             tr.leaf_avals.append(aval)
             h = hash((h, -1, aval))
         refs.append(-li - 1)
@@ -370,6 +376,7 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
             return
         t_start = time.perf_counter()
         src = _source.user_line(2)
+        runner = spmd_runner(tr, reason) if spmd_runner is not None else None
         outs, out_refs = _live_outputs(tr)
         leaves = tr.leaves
         donate_mask = _donation_mask(tr)
@@ -387,9 +394,12 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                 first, slots = _scalar_layout(scal)
                 fn = _build_fn(tr, out_refs, donate_mask, slots)
                 n_slots = len(scal) if first is None else len(first)
-                compiled, mem, compile_s = _xla.compile_program(
-                    fn, (donated, kept, _scalar_struct(n_slots)), donate_argnums=(0,),
-                    lean=True)
+                args = (donated, kept, _scalar_struct(n_slots))
+                if runner is None:
+                    compiled, mem, compile_s = _xla.compile_program(
+                        fn, args, donate_argnums=(0,), lean=True)
+                else:
+                    compiled, mem, compile_s = runner.compile_program(fn, args, donate_argnums=(0,))
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
                 exe = _Exe(compiled, mem, tr, src, out_avals, first, slots)
                 _insert(key, exe)

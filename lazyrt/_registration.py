@@ -90,3 +90,8 @@ def install() -> None:
     _autocast.register()
     _tpu_module.populate()
     _patches.install()
+    # The c10d backends "tpu"/"tpu_dist" (~30 us; the backend itself, torch.distributed's
+    # process groups and jax.distributed load at init_process_group).
+    from .distributed import register_backends
+
+    register_backends()

@@ -145,6 +145,20 @@ def resolve(op: OpOverload) -> OpEntry:
         return e
 
 
+def set_special(op: OpOverload, handler: Callable) -> None:
+    """Route ``op`` to ``handler(entry, args, kwargs)`` from its next call on (a package
+    built on lazyrt, e.g. ``lazyrt.distributed``'s collectives)."""
+    with _LOCK:
+        SPECIAL[op] = handler
+        ENTRIES.pop(op, None)
+
+
+def forget(op: OpOverload) -> None:
+    """Resolve ``op`` afresh at its next call (its lowering was just registered)."""
+    with _LOCK:
+        ENTRIES.pop(op, None)
+
+
 def invalidate_plans(ops=None) -> list:
     """Drop the cached plans of ``ops`` and of their in-place/out= variants, or of every
     op when ``ops`` is None; returns their Progs (whose executables go too). The caller

@@ -14,6 +14,7 @@ import collections
 import time
 
 import jax
+from cachetools import LRUCache
 
 from . import _debug, _xla, memory
 from ._config import config
@@ -35,6 +36,20 @@ def _compile(prog: Prog, arrays, scalars):
     return exe, mem, seconds
 
 
+# NOTE: a Prog's executable is compiled for its first inputs' shardings; inputs sharded
+# otherwise (lazyrt.distributed.mark_sharding) get one executable per sharding tuple.
+_by_sharding: LRUCache = LRUCache(maxsize=256)
+
+
+def _run_resharded(prog, arrays, scalars):
+    key = (prog.uid, tuple(a.sharding for a in arrays))
+    exe = _by_sharding.get(key)
+    if exe is None:
+        exe = _xla.compile_program(prog.fn, (*arrays, *scalars))[0]
+        _by_sharding[key] = exe
+    return exe(*arrays, *scalars)
+
+
 def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> list:
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously)."""
     # NOTE: exe and mem are read once: another thread may evict this prog meanwhile.
@@ -51,7 +66,12 @@ def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> lis
     live_before = memory._state["live"]
     t0 = time.perf_counter()
     with _X64(True):
-        outs = exe(*arrays, *scalars)
+        try:
+            outs = exe(*arrays, *scalars)
+        except ValueError as e:
+            if "input shardings" not in str(e):
+                raise
+            outs = _run_resharded(prog, arrays, scalars)
     dt = time.perf_counter() - t0
     COUNTERS["executions"] += 1
     COUNTERS["execute_seconds"] += dt
