@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from . import _rng, memory
+from . import _rng, _streams, memory
 from ._control import EagerMode, eager_mode, set_eager_mode, sync
 from ._device import TPU_MODULE
 
@@ -78,4 +78,6 @@ def populate() -> None:
     m.memory_stats = lambda device=None: memory.memory_stats()
     m.memory_summary = lambda device=None, abbreviated=False: memory.memory_summary()
     m.empty_cache = lambda: None
+    for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
+        setattr(m, name, getattr(_streams, name))
     m.__getattr__ = _getattr

@@ -146,6 +146,18 @@ def test_patched_torch_attributes_still_exist():
     assert lazyrt_tensor() in optim_mod._foreach_supported_types
 
 
+def test_distributed_patch_targets_still_exist():
+    """What ``_patches.install_distributed`` wraps (FSDP2, DTensor) is still in torch."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group, _fsdp_state
+    from torch.distributed.tensor import placement_types as pt
+
+    assert callable(_fsdp_param.alloc_storage) and callable(_fsdp_param.free_storage)
+    assert callable(_fsdp_param_group.alloc_storage)
+    assert "__init__" in _fsdp_param_group.FSDPParamGroup.__dict__
+    assert "_lazy_init" in _fsdp_state.FSDPState.__dict__
+    assert "_select_split_tensor" in pt.Shard.__dict__
+
+
 def lazyrt_tensor():
     import lazyrt
 

@@ -41,13 +41,10 @@ def _create(dist_backend_opts, backend_options=None):
 
 def register_backends() -> None:
     """Register the c10d backends ``tpu`` and ``tpu_dist`` (TorchTPU's name) for the
-    ``tpu`` device, and give ``torch.tpu`` its stream and event types. Cheap (no JAX, no
+    ``tpu`` device. Cheap (no JAX, no
     process group): ``import lazyrt`` calls it."""
     import torch.distributed as dist
 
-    from ._torch_patches import install_streams
-
-    install_streams()  # torch.tpu.Stream / Event / current_stream (FSDP2 asks for them)
     if not dist.is_available():
         return
     for name in ("tpu", "tpu_dist"):

@@ -278,6 +278,6 @@ def install() -> None:
 
     for name in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"):
         _rt.register_handler(getattr(torch.ops.fsdp, name).default, _fsdp_kernel(name))
-    from . import _torch_patches
+    from . import _engine
 
-    _torch_patches.install()
+    _rt.install_torch_patches(_engine)

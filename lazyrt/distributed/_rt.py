@@ -197,3 +197,11 @@ def note_compile(seconds: float) -> None:
 
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds
+
+
+def install_torch_patches(engine) -> None:
+    """FSDP2's storage no-ops and flush points and DTensor's rank-dependent chunks
+    (``lazyrt._patches.install_distributed``; ``engine`` gives the hooks)."""
+    from .. import _patches
+
+    _patches.install_distributed(engine)
