@@ -36,25 +36,9 @@ from test_model_families import _one_cpu_thread, check_family  # noqa: E402,F401
 CI_SAMPLE = ["llama", "mistral", "mixtral_eager_experts", "mamba", "bert", "t5", "vit",
              "whisper", "clip"]
 
-_GROUPED_MM = (
-    "aten._grouped_mm (transformers' default experts implementation on tpu): lowered in "
-    "lazyrt/lowering/linalg.py, but PyTorch's meta kernel for it accepts only bfloat16 (the "
-    "CUDA kernel's check; the CPU kernel takes float32) and lazyrt derives output shapes from "
-    "the meta kernel: needs the core to fall back to the lowering's shapes (_plan._meta_or_none)")
-_WEIGHT_NORM = "needs aten._weight_norm_interface_backward (positional conv embedding)"
-
 # name -> reason (xfail(strict=True): a model that starts passing fails the run until
 # its entry is removed). A reason names the failing ATen op.
-XFAIL: dict[str, str] = {
-    "mixtral": _GROUPED_MM,
-    "qwen2_moe": _GROUPED_MM,
-    "qwen3_moe": _GROUPED_MM,
-    "olmoe": _GROUPED_MM,
-    "beit": "needs aten.upsample_bilinear2d_backward (relative position bias interpolation)",
-    "segformer": "needs aten.upsample_bilinear2d_backward (decode head)",
-    "wav2vec2": _WEIGHT_NORM,
-    "hubert": _WEIGHT_NORM,
-}
+XFAIL: dict[str, str] = {}
 
 XFAIL_MODE: dict[tuple[str, str], str] = {}
 

@@ -32,13 +32,8 @@ def _grad_check(fn, *inputs, seed=0):
 
 # ---- aten._grouped_mm (MoE experts in transformers >= 5: Mixtral, Qwen2/3-MoE, OLMoE) ------
 # PyTorch's CPU kernel needs 16-byte aligned strides: sizes are multiples of 4 floats.
-# On tpu the op cannot run yet: PyTorch's meta kernel (where lazyrt takes output shapes from)
-# accepts only bfloat16; the lowering itself is checked directly below.
-
-_META_BF16_ONLY = pytest.mark.xfail(
-    strict=True, reason="PyTorch's meta kernel of aten._grouped_mm accepts only bfloat16; "
-    "lazyrt takes output shapes from it (needs the core to fall back to the lowering's shapes, "
-    "_plan._meta_or_none)")
+# PyTorch's meta kernel accepts only bfloat16 (the CUDA rule); lazyrt takes this op's output
+# shapes from its lowering (_plan._META_STRICTER_THAN_CPU), so float32 runs as on the CPU.
 
 
 def _np(t):
@@ -94,7 +89,6 @@ def test_grouped_mm_lowering_matches_cpu(case):
         np.testing.assert_allclose(np.asarray(db), b_.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
-@_META_BF16_ONLY
 def test_grouped_mm_rows_by_expert(mode):
     # (tokens, K) x (experts, K, N), tokens sorted by expert; an empty group in the middle.
     a = torch.randn(12, 8, generator=_gen(1))
@@ -103,7 +97,6 @@ def test_grouped_mm_rows_by_expert(mode):
     _grad_check(lambda a, b: torch._grouped_mm(a, b, offs.to(a.device)), a, b)
 
 
-@_META_BF16_ONLY
 def test_grouped_mm_transposed_weight_like_transformers(mode):
     # transformers passes weight.transpose(-2, -1) of (experts, N, K): a strided view.
     a = torch.randn(8, 8, generator=_gen(3))
@@ -113,7 +106,6 @@ def test_grouped_mm_transposed_weight_like_transformers(mode):
                 a, w)
 
 
-@_META_BF16_ONLY
 def test_grouped_mm_contracted_dim_grouped(mode):
     # 2-D x 2-D: groups along K (what the expert weights' gradient is).
     a = torch.randn(4, 12, generator=_gen(5))
@@ -123,7 +115,6 @@ def test_grouped_mm_contracted_dim_grouped(mode):
     assert_close(got, torch._grouped_mm(a, b, offs))
 
 
-@_META_BF16_ONLY
 def test_grouped_mm_columns_grouped_and_batched(mode):
     a = torch.randn(3, 4, 8, generator=_gen(7))
     b = torch.randn(8, 12, generator=_gen(8))
@@ -134,7 +125,6 @@ def test_grouped_mm_columns_grouped_and_batched(mode):
     assert_close(torch._grouped_mm(a.to("tpu"), b3.to("tpu")), torch._grouped_mm(a, b3))
 
 
-@_META_BF16_ONLY
 def test_grouped_mm_rows_past_last_offset_are_zero(mode):
     # PyTorch leaves such rows unwritten (garbage); lazyrt gives zeros, the rest matches.
     a = torch.randn(8, 4, generator=_gen(10))
