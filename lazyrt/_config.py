@@ -36,6 +36,19 @@ def _env_int(name: str, default: int) -> int:
     return out
 
 
+def _env_float(name: str, default: float) -> float:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        out = float(v)
+    except ValueError:
+        raise ValueError(f"lazyrt: {name}={v!r} is not a number") from None
+    if out <= 0:
+        raise ValueError(f"lazyrt: {name}={v!r} must be positive")
+    return out
+
+
 def _env_mode() -> str:
     mode = os.environ.get("TORCH_TPU_MODE")
     if mode is not None and mode != "":

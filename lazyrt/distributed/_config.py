@@ -25,20 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .._config import _env_bool
-
-
-def _env_float(name: str, default: float) -> float:
-    v = os.environ.get(name)
-    if not v:
-        return default
-    try:
-        out = float(v)
-    except ValueError:
-        raise ValueError(f"lazyrt: {name}={v!r} is not a number") from None
-    if out <= 0:
-        raise ValueError(f"lazyrt: {name}={v!r} must be positive")
-    return out
+from .._config import _env_bool, _env_float
 
 
 def _env_check() -> str:
