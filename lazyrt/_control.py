@@ -79,6 +79,12 @@ def sync() -> None:
     jax.effects_barrier()
 
 
+def flush_pending(reason: str) -> None:
+    """Run the pending trace now (defer mode; nothing to do otherwise or when empty)."""
+    if config.mode == "defer" and _defer.pending_count():
+        _defer.flush(reason=reason)
+
+
 def invalidate_compiled(ops=None, change=None) -> None:
     """THE plan-invalidation path. Flush pending work (lowerings are traced at the flush,
     so it must run under the old setting), apply ``change()``, then drop the compiled

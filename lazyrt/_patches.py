@@ -63,7 +63,10 @@ def _keep_tied_parameters() -> None:
     """``torch.nn.Module._apply``: ``model.to("tpu")`` keeps tied parameters tied (GPT-2's
     lm_head/embedding). For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a
     parameter shared by two modules stays one object; for a wrapper subclass PyTorch makes
-    a new Parameter per module instead, silently untying them. Re-tie afterwards."""
+    a new Parameter per module instead, silently untying them. Re-tie afterwards.
+    In defer mode the move is then flushed: the parameters' transfers would otherwise be
+    recorded into the first training step's trace, which would then differ from every
+    later step's (two compiles instead of one)."""
     orig = torch.nn.Module._apply
     depth = [0]
 
@@ -86,6 +89,7 @@ def _keep_tied_parameters() -> None:
                 keep = first_mod._parameters[first_name]
                 for mod, name in group[1:]:
                     mod._parameters[name] = keep
+        _control.flush_pending("Module._apply (model.to)")
         return out
 
     torch.nn.Module._apply = _apply

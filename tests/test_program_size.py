@@ -222,6 +222,24 @@ def test_second_step_compiles_nothing(opt_kwargs):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
 
 
+def test_model_to_tpu_runs_its_transfers_at_once():
+    """``model.to("tpu")`` in defer mode flushes the parameters' transfers, so the first
+    training step's trace is every later step's (no explicit sync in the loop)."""
+    lazyrt.sync()
+    dev = _mlp().to("tpu")
+    assert _defer.pending_count() == 0
+    opt = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
+    misses = []
+    for _ in range(3):
+        before = lazyrt.metrics.counters()["cache_misses"]
+        opt.zero_grad()
+        F.cross_entropy(dev(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+        misses.append(lazyrt.metrics.counters()["cache_misses"] - before)
+    assert misses[1:] == [0, 0], misses
+
+
 def test_first_step_state_is_made_on_the_spot_only_while_state_is_created():
     p = torch.randn(4, 4).to("tpu").requires_grad_(True)
     opt = torch.optim.AdamW([p], lr=1e-2, foreach=False)
