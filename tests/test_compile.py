@@ -270,6 +270,17 @@ def test_errors_keep_pytorch_types(mode):
         out.cpu()
 
 
+def test_checked_linalg_ops_return_their_values(mode):
+    # the error check reads its info after the program: in defer that flushes, and the
+    # outputs must already be tensors then
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) + 4 * torch.eye(4)
+    b = torch.randn(4, 2, generator=torch.Generator().manual_seed(1))
+    f = torch.compile(lambda a, b: (torch.linalg.inv(a), torch.linalg.solve(a, b)))
+    inv, sol = f(a.to("tpu"), b.to("tpu"))
+    assert_close(inv.cpu(), torch.linalg.inv(a), rtol=1e-4, atol=1e-5)
+    assert_close(sol.cpu(), torch.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+
+
 def test_an_op_without_lowering_runs_the_graph_eagerly(mode):
     lib = torch.library.Library("lazyrt_compile_test", "DEF")
     lib.define("twice(Tensor x) -> Tensor")

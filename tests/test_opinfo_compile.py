@@ -14,7 +14,7 @@ import pytest
 import torch
 from _util import assert_close, to_cpu, to_tpu
 from opinfo_xfail import XFAIL
-from test_opinfo import RANDOM_OPS, _id, _tol
+from test_opinfo import RANDOM_OPS, _id, _to_tpu_args, _tol
 from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
@@ -63,7 +63,7 @@ def _check(op, mode):
 
     with lazyrt.set_mode(mode):
         compiled = torch.compile(fn, backend="tpu")
-        actual = to_cpu(compiled(*to_tpu(args), **to_tpu(sample.kwargs)))
+        actual = to_cpu(compiled(*_to_tpu_args(op, args), **to_tpu(sample.kwargs)))
     assert_close(actual, to_cpu(expected), rtol=rtol, atol=atol, check_values=check_values)
     torch._dynamo.reset()
 

@@ -344,8 +344,6 @@ class _GraphPlan:
         inputs = vals + self.consts + hv
         scal = scal + [_rng.next_seed() for _ in range(self.n_random)]
         outs = run(self.prog, inputs, scal)
-        for (fn, _, _, rest, kw), (k, spec) in zip(self.checks, self.check_outs):
-            fn(concrete(new_tensor(outs[k], spec)), *rest, **kw)
         res = []
         for o in self.outs:
             kind = o[0]
@@ -355,6 +353,11 @@ class _GraphPlan:
                 res.append(args[o[1]])
             else:
                 res.append(_host_value(o[1], host, args))
+        # NOTE: after the outputs are tensors: reading a check's value flushes the trace
+        # (defer), which materializes only values that live tensors hold.
+        infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
+        for (fn, _, _, rest, kw), info in zip(self.checks, infos):
+            fn(concrete(info), *rest, **kw)
         return res
 
 
