@@ -67,7 +67,10 @@ def test_run_json_schema(mlp_run):
     assert len(recs) == s["num_records"] >= 3
     for r in recs:
         assert RECORD_KEYS <= set(r)
-        assert r["mode"] == "defer" and r["hbm_peak_bytes"] > 0
+        assert r["hbm_peak_bytes"] > 0
+        # defer flushes, and the optimizer state the first step makes on the spot (strict)
+        assert r["mode"] == "defer" or (r["mode"] == "strict" and r["name"] == "zeros_like"), r
+    assert sum(r["mode"] == "defer" for r in recs) >= 3
     assert s["peak_bytes"] >= max(r["hbm_peak_bytes"] for r in recs)
     assert any(r["cache_hit"] for r in recs) and not all(r["cache_hit"] for r in recs)
 
