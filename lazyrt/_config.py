@@ -23,30 +23,25 @@ def _env_bool(name: str, default: bool = False) -> bool:
     raise ValueError(f"lazyrt: {name}={v!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_positive(name: str, default, cast, what: str):
     v = os.environ.get(name)
     if v is None or v == "":
         return default
     try:
-        out = int(v)
+        out = cast(v)
     except ValueError:
-        raise ValueError(f"lazyrt: {name}={v!r} is not an integer") from None
-    if out <= 0:
-        raise ValueError(f"lazyrt: {name}={v!r} must be a positive integer")
-    return out
-
-
-def _env_float(name: str, default: float) -> float:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        out = float(v)
-    except ValueError:
-        raise ValueError(f"lazyrt: {name}={v!r} is not a number") from None
+        raise ValueError(f"lazyrt: {name}={v!r} is not {what}") from None
     if out <= 0:
         raise ValueError(f"lazyrt: {name}={v!r} must be positive")
     return out
+
+
+def _env_int(name: str, default: int) -> int:
+    return _env_positive(name, default, int, "an integer")
+
+
+def _env_float(name: str, default: float) -> float:
+    return _env_positive(name, default, float, "a number")
 
 
 def _env_mode() -> str:
