@@ -24,6 +24,29 @@ import traceback
 
 # mode -> lazyrt mode underneath torch.compile
 COMPILED = {"compiled": "defer", "compiled_step": "defer"}
+# Reference modes that run without lazyrt: plain PyTorch CPU eager, the plain-JAX
+# whole-step jit (``jax_floor``), and tiny_ops' per-op floors (``workloads.TinyOps``).
+REFERENCE = ("cpu", "jax", "floor_dispatch", "floor_jit")
+
+
+def lazyrt_mode(mode: str) -> tuple[str, int | None]:
+    """The lazyrt mode a perf mode runs in, and its fusion window (``defer_w16``: defer
+    with ``LAZYRT_FUSION_WINDOW=16``; None: lazyrt's default)."""
+    if mode.startswith("defer_w") and mode[7:].isdigit():
+        return "defer", int(mode[7:])
+    return COMPILED.get(mode, mode), None
+
+
+def _run_jax_floor(workload: str, steps: int, warmup: int) -> dict:
+    from . import jax_floor
+
+    if workload not in jax_floor.SETUPS:
+        raise ValueError(f"{workload}: no plain-JAX floor (only {sorted(jax_floor.SETUPS)})")
+    ms, steps_ms, losses = jax_floor.run(workload, steps, warmup, per_step=True)
+    return {"workload": workload, "mode": "jax", "device": "jax", "steps": steps,
+            "warmup": warmup, "median_ms": ms, "step_ms": steps_ms, "min_ms": min(steps_ms),
+            "losses": [], "jax_losses": losses[:8], "ok": True,
+            "description": "the same step in plain JAX, jitted whole"}
 
 
 def _counters():
@@ -46,13 +69,18 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
 
     from .workloads import WORKLOADS
 
-    device = "cpu" if mode == "cpu" else "tpu"
+    if mode == "jax":
+        return _run_jax_floor(workload, steps, warmup)
+    device = "cpu" if mode in REFERENCE else "tpu"
     lazyrt = None
+    base_mode, window = lazyrt_mode(mode)
     if device == "tpu":
         import lazyrt
 
         # compiled modes: torch.compile (the tpu backend) on top of DeferAndFuse
-        lazyrt.set_mode(COMPILED.get(mode, mode))
+        lazyrt.set_mode(base_mode)
+        if window is not None:
+            lazyrt.config.fusion_window = window
     torch.manual_seed(0)
 
     res: dict = {"workload": workload, "variant": variant, "mode": mode, "device": device,
@@ -60,7 +88,7 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
                  "xla_flags": os.environ.get("XLA_FLAGS")}
 
     t0 = time.perf_counter()
-    wl = WORKLOADS[workload](device, COMPILED.get(mode, mode), variant)
+    wl = WORKLOADS[workload](device, mode if device == "cpu" else base_mode, variant)
     if mode in COMPILED and not wl.compile(step=mode == "compiled_step"):
         raise ValueError(f"{workload}: nothing to compile")
     if lazyrt is not None:
@@ -101,13 +129,16 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     if lazyrt is not None:
         before = _counters()
         torch.tpu.reset_peak_memory_stats()
-    times, host = [], []
+    times, host, wait = [], [], []
+    counters = lazyrt.metrics.COUNTERS if lazyrt is not None else {"wait_seconds": 0.0}
     for _ in range(steps):
         h0 = time.thread_time()
+        w0 = counters["wait_seconds"]
         t0 = time.perf_counter()
         out = wl.step()
         times.append(time.perf_counter() - t0)
         host.append(time.thread_time() - h0)
+        wait.append(counters["wait_seconds"] - w0)
         if out is not None:
             losses.append(float(out))
     if lazyrt is not None:
@@ -130,6 +161,11 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     # CPU time of the Python thread that issues the step (XLA runs on its own threads):
     # what an accelerator host spends per step.
     res["host_ms"] = statistics.median(h * 1e3 for h in host)
+    if lazyrt is not None:
+        # Time the host sat blocked on device results (``loss.item()``, ``lazyrt.sync()``),
+        # and the rest of the step: issuing it (recording, dispatch, flush bookkeeping).
+        res["wait_ms"] = statistics.median(w * 1e3 for w in wait)
+        res["issue_ms"] = statistics.median((t - w) * 1e3 for t, w in zip(times, wait))
     res["min_ms"] = min(ms)
     if wl.ops_per_step:
         res["us_per_op"] = res["median_ms"] * 1e3 / wl.ops_per_step
@@ -145,7 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", required=True)
     ap.add_argument("--variant", default=None)
     ap.add_argument("--mode", required=True,
-                    choices=["strict", "defer", "cpu", *COMPILED])
+                    help="strict, defer, defer_wN (fusion window N), compiled, compiled_step, "
+                         "or a reference: " + ", ".join(REFERENCE))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default="-")

@@ -99,8 +99,9 @@ def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
 SETUPS = {"mlp_train": mlp_setup, "gpt_train": gpt_setup}
 
 
-def run(name: str, steps: int, warmup: int) -> tuple[float, list[float]]:
-    """Median ms per timed step, and every step's loss."""
+def run(name: str, steps: int, warmup: int, per_step: bool = False):
+    """Median ms per timed step and every step's loss (``per_step``: also each timed
+    step's ms, in the middle)."""
     params, loss_fn, lr = SETUPS[name](np.random.default_rng(0))
 
     def step(p, m, v, t):
@@ -119,7 +120,10 @@ def run(name: str, steps: int, warmup: int) -> tuple[float, list[float]]:
         losses.append(float(loss))
         if i >= warmup:
             ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3, losses
+    med = statistics.median(ts) * 1e3
+    if per_step:
+        return med, [t * 1e3 for t in ts], losses
+    return med, losses
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.profile")
     ap.add_argument("--workload", required=True)
     ap.add_argument("--variant", default=None)
-    ap.add_argument("--mode", default="defer", choices=["strict", "defer", "cpu"])
+    ap.add_argument("--mode", default="defer", choices=["strict", "defer", "cpu", "compiled", "compiled_step"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sort", default="tottime")
@@ -34,9 +34,12 @@ def main(argv=None) -> int:
     if device == "tpu":
         import lazyrt
 
-        lazyrt.set_mode(a.mode)
+        lazyrt.set_mode("defer" if a.mode.startswith("compiled") else a.mode)
     torch.manual_seed(0)
-    wl = WORKLOADS[a.workload](device, a.mode, a.variant)
+    base = "defer" if a.mode.startswith("compiled") else a.mode
+    wl = WORKLOADS[a.workload](device, base, a.variant)
+    if a.mode.startswith("compiled"):
+        wl.compile(step=a.mode == "compiled_step")
     for _ in range(max(a.warmup, 1)):
         wl.step()
     prof = cProfile.Profile()

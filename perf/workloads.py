@@ -130,13 +130,35 @@ class TinyOps(Workload):
     name = "tiny_ops"
     ops_per_step = 1000
 
+    # Floors measured in the same run (perf modes): ``floor_dispatch``, the same chain on a
+    # ``__torch_dispatch__`` subclass that only returns a new wrapper tensor (the least a
+    # Python device backend can cost per op), and ``floor_jit``, on JAX arrays with a
+    # cached ``jax.jit`` call per op (the least a strict mode can cost per op).
     def __init__(self, device, mode, variant=None):
         super().__init__(device, mode, variant)
         torch.manual_seed(SEED)
-        self.x = _rand(4, 4).to(device)
-        self.a = torch.full((4, 4), 0.999).to(device)
-        self.b = torch.full((4, 4), 0.001).to(device)
+        x = _rand(4, 4)
+        a = torch.full((4, 4), 0.999)
+        b = torch.full((4, 4), 0.001)
         self.out = None
+        if mode == "floor_dispatch":
+            self.x, self.a, self.b = (_NewWrapper(t) for t in (x, a, b))
+        elif mode == "floor_jit":
+            import jax
+            import jax.numpy as jnp
+
+            self.x, self.a, self.b = (jnp.asarray(t.numpy()) for t in (x, a, b))
+            mul, add = jax.jit(lambda p, q: p * q), jax.jit(lambda p, q: p + q)
+
+            def ops(y, a, b):
+                for _ in range(self.ops_per_step // 2):
+                    y = mul(y, a)
+                    y = add(y, b)
+                return y
+
+            self._ops = ops
+        else:
+            self.x, self.a, self.b = x.to(device), a.to(device), b.to(device)
 
     def _ops(self, y, a, b):
         for _ in range(self.ops_per_step // 2):
@@ -146,14 +168,36 @@ class TinyOps(Workload):
 
     def step(self):
         self.out = self._ops(self.x, self.a, self.b)
-        _sync(self.device)
+        if self.mode == "floor_jit":
+            self.out.block_until_ready()
+        else:
+            _sync(self.device)
 
     def compile(self, step):
         self._ops = torch.compile(self._ops)
         return True
 
     def probe(self):
+        if self.mode == "floor_jit":
+            return float(self.out.sum())
+        if self.mode == "floor_dispatch":
+            return None
         return float(self.out.sum().item())
+
+
+class _NewWrapper(torch.Tensor):
+    """``tiny_ops``' dispatch floor: every op returns a new wrapper of its first input."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype,
+                                                device=elem.device)
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _NewWrapper(args[0].elem)
 
     def describe(self):
         return "1000 ops (mul/add) on 4x4, then one sync"
