@@ -40,6 +40,20 @@ def _env_int(name: str, default: int) -> int:
     return _env_positive(name, default, int, "an integer")
 
 
+def _env_count(name: str, default: int) -> int:
+    """A non-negative integer (0 allowed: "off")."""
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    try:
+        out = int(v)
+    except ValueError:
+        raise ValueError(f"lazyrt: {name}={v!r} is not an integer") from None
+    if out < 0:
+        raise ValueError(f"lazyrt: {name}={v!r} must be 0 or more")
+    return out
+
+
 def _env_float(name: str, default: float) -> float:
     return _env_positive(name, default, float, "a number")
 
@@ -67,6 +81,9 @@ class Config:
     mode: str = "strict"
     # defer: flush when this many ops are pending.
     max_pending_ops: int = 10_000
+    # defer: cut the pending trace into segments of this many ops, each launched
+    # (asynchronously) when it fills, while recording goes on; 0 = one flush per sync point.
+    fusion_window: int = 0
     # size of the LRU cache of compiled defer executables.
     cache_size: int = 1024
     # size of the LRU cache of compiled strict-mode executables (one per op signature).
@@ -93,6 +110,7 @@ class Config:
         return cls(
             mode=_env_mode(),
             max_pending_ops=_env_int("LAZYRT_MAX_PENDING_OPS", 10_000),
+            fusion_window=_env_count("LAZYRT_FUSION_WINDOW", 0),
             cache_size=_env_int("LAZYRT_CACHE_SIZE", 1024),
             strict_cache_size=_env_int("LAZYRT_STRICT_CACHE_SIZE", 4096),
             plan_cache_size=_env_int("LAZYRT_PLAN_CACHE_SIZE", 512),

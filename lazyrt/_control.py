@@ -8,11 +8,13 @@ under the old setting), then drop the compiled plans it affects.
 from __future__ import annotations
 
 import enum
+import time
 
 import jax
 
 from . import _defer, _resolve, _strict, _views
 from ._config import MODES, config
+from .metrics import COUNTERS
 
 
 class EagerMode(enum.Enum):
@@ -75,8 +77,10 @@ def eager_mode() -> EagerMode:
 def sync() -> None:
     """The sync point: flush the pending trace (defer) and wait for all dispatched work."""
     _defer.flush(reason="lazyrt.sync")
+    t0 = time.perf_counter()
     (jax.device_put(0) + 0).block_until_ready()
     jax.effects_barrier()
+    COUNTERS["wait_seconds"] += time.perf_counter() - t0
 
 
 def flush_pending(reason: str) -> None:

@@ -10,16 +10,22 @@ avals), so two traces whose hashes collide never share an executable.
 
 Runtime scalars enter the program once per distinct value: a for-loop AdamW step over
 200 parameters records 1,400 scalars holding 7 values, and its program reads 7
-(``_scalar_layout``; a slice of the scalar vector per use made XLA compile 1,400
+(``_exes.scalar_layout``; a slice of the scalar vector per use made XLA compile 1,400
 different kernels, 14 s instead of 1). Which positions share a value is part of what an
 executable was compiled for, so a hit is also checked against the current scalars
-(``_Exe.fits``: positions that shared a value at compile time still do, bit for bit,
+(``_exes.Exe.fits``: positions that shared a value at compile time still do, bit for bit,
 so ``-0.0`` is not ``0.0``); if not, another executable is compiled. The program is
 simplified before XLA sees it (``_lean``).
 
 At a flush every storage still holding a pending value of the trace (a live
 tensor) becomes an output; nothing else is materialized. A leaf whose storage
 was overwritten in the trace and that nobody else references is donated.
+
+Segments: with ``LAZYRT_FUSION_WINDOW=N`` a trace is flushed each time it holds N ops
+(``_cut``), counted from its start at a sync point, so a step is cut at the same places
+every time. The flush dispatches asynchronously: the device runs a segment while the
+host records the next. A compiled graph whose flushes kept compiling (the eager code
+around it changes shape every call) gets a flush of its own (``isolated``).
 
 Threads: there is one pending trace per process, guarded by ``LOCK``. The
 dispatcher holds it for the whole of every op in defer mode (recording, storage
@@ -33,17 +39,15 @@ import hashlib
 import sys
 import threading
 import time
-import warnings
 import weakref
 
 import jax
 import numpy as np
-from cachetools import LRUCache
 
-from . import _lean, _source, _xla, memory
+from . import _exes, _lean, _source, _xla, memory
 from ._config import config
-from ._ir import Pending, Prog, aval_nbytes
-from ._trace import _MASK, _SHIFT, Trace, describe, explain, graph_text  # noqa: F401  (re-exported)
+from ._ir import Pending, Prog
+from ._trace import _MASK, _SHIFT, Trace, explain, graph_text  # noqa: F401  (re-exported)
 from .metrics import COUNTERS, register_gauge
 
 LOCK = threading.RLock()
@@ -57,7 +61,6 @@ _trace = Trace()
 spmd_runner = None
 # lazyrt.distributed sets this once a Mesh exists: leaves are keyed on their sharding too.
 KEY_SHARDING = False
-_cache: LRUCache = LRUCache(maxsize=config.cache_size)
 _history = {"flushes": 0, "compiles": 0}
 
 
@@ -92,10 +95,14 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
     The caller holds ``LOCK``."""
     tr = _trace
-    if len(tr.nodes) >= config.max_pending_ops:
-        # NOTE: checked before recording, while this op's inputs are still held by
-        # the caller, so they are live outputs of the budget flush.
+    n = len(tr.nodes)
+    # NOTE: both cuts are made before recording, while this op's inputs are still held
+    # by the caller, so they are live outputs of the flush.
+    if n >= config.max_pending_ops:
         flush(reason="pending-op budget (LAZYRT_MAX_PENDING_OPS)")
+        tr = _trace
+    elif config.fusion_window and n >= config.fusion_window and tr.cuttable:
+        _cut(tr)
         tr = _trace
     refs = []
     h = tr.h
@@ -123,13 +130,54 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     n = len(tr.nodes)
     tr.nodes.append(prog)
     tr.refs.append(refs)
+    tr.prev_h = h
     tr.h = hash((h, prog.uid, refs))
     if scalars:
         tr.scalars.extend(scalars)
     if config.record_source or config.explain_recompile:
         tr.srcs.append(_source.user_line(3))
     COUNTERS["ops_recorded"] += 1
-    return [Pending(tr, n, i, av) for i, av in enumerate(prog.out_avals)]
+    avals = prog.out_avals
+    if len(avals) == 1:
+        return [Pending(tr, n, 0, avals[0])]
+    return [Pending(tr, n, i, av) for i, av in enumerate(avals)]
+
+
+def forget_last(p: Pending) -> None:
+    """Unrecord the trace's last node if it made ``p`` from nothing (a factory with no
+    inputs and no scalars: the ``empty`` behind ``x.to("tpu")``) and nothing holds ``p``
+    any more (its storage was just given the transferred value). The caller holds
+    ``LOCK``."""
+    tr = _trace
+    n = len(tr.nodes) - 1
+    if (p.trace is not tr or p.node != n or tr.prev_h is None or tr.refs[n]
+            or not tr.nodes[n].const or tr.nodes[n].scalar_kinds
+            or sys.getrefcount(p) > 3):  # the caller's name, the argument, getrefcount's
+        return
+    tr.nodes.pop()
+    tr.refs.pop()
+    if len(tr.srcs) > n:
+        tr.srcs.pop()
+    tr.h = tr.prev_h
+    tr.prev_h = None  # one step back only: the hash before this node is not kept
+    COUNTERS["ops_recorded"] -= 1
+
+
+def _cut(tr: Trace) -> None:
+    """Launch the segment recorded so far (``LAZYRT_FUSION_WINDOW``): a flush whose
+    execution is dispatched asynchronously, so recording goes on while it runs. Segments
+    count their ops from the trace's start, which is a sync point (``loss.item()``, the
+    end of ``optimizer.step``), so each step is cut at the same places and every segment
+    hits the cache. If the segment fails to compile or run, nothing is cut: recording goes
+    on in the same trace, and the error is raised where it would have been without a
+    window, at the sync point that flushes the whole trace."""
+    try:
+        flush(reason="fusion window (LAZYRT_FUSION_WINDOW)", trace=tr, keep_on_error=True)
+    except Exception:
+        tr.cuttable = False
+        COUNTERS["window_cut_failures"] += 1
+    else:
+        COUNTERS["window_flushes"] += 1
 
 
 def note_storage(st, old) -> None:
@@ -144,88 +192,6 @@ def note_storage(st, old) -> None:
     tr.storages[id(st)] = weakref.ref(st)
     if old is not None and type(old) is not Pending:
         tr.overwritten.add(id(old))
-
-
-class _Exe:
-    """A compiled flush, with the trace structure it was compiled for."""
-
-    __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
-                 "refs", "leaf_avals", "sc_first", "sc_slots")
-
-    def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None):
-        self.compiled = compiled
-        # the scalar layout compiled for (``_scalar_layout``; None: one slot per scalar)
-        self.sc_first = sc_first
-        self.sc_slots = sc_slots
-        self.mem = mem
-        self.desc = describe(tr)
-        self.src = src
-        self.hits = 0
-        self.nodes = list(tr.nodes)
-        self.refs = list(tr.refs)
-        self.leaf_avals = list(tr.leaf_avals)
-        # Per-output bytes and the five largest outputs: the same on every run, so worked
-        # out once here rather than from the result arrays on each flush.
-        sizes = [(aval_nbytes(s, d), tuple(s), str(np.dtype(d))) for s, d in out_avals]
-        self.out_nbytes = tuple(b for b, _, _ in sizes)
-        self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
-                        for b, s, d in sorted(sizes, reverse=True)[:5]]
-
-    def matches(self, tr: Trace) -> bool:
-        """Whether this executable computes ``tr``: the same progs (by identity), the
-        same input wiring and the same leaf avals. (Live outputs and donation are in the
-        cache key itself.) C-level list compares: microseconds for a 1,000-op trace."""
-        return (self.nodes == tr.nodes and self.refs == tr.refs
-                and self.leaf_avals == tr.leaf_avals)
-
-    def fits(self, scal: np.ndarray) -> bool:
-        """Whether the scalars that shared a slot at compile time still hold one value."""
-        slots = self.sc_slots
-        if slots is None:
-            return True
-        return np.array_equal(scal[self.sc_first][slots].view(np.int64), scal.view(np.int64))
-
-    def scalar_input(self, scal: np.ndarray) -> np.ndarray:
-        """The program's scalar vector: one value per slot."""
-        return scal if self.sc_first is None else scal[self.sc_first]
-
-
-def _scalar_layout(scal: np.ndarray):
-    """``(first, slots)``: where each distinct value (bit for bit) is first used, in order
-    of first use, and each scalar's slot in that list; ``(None, None)`` if all differ."""
-    n = len(scal)
-    if n < 2:
-        return None, None
-    u, first, inv = np.unique(scal.view(np.int64), return_index=True, return_inverse=True)
-    if len(u) == n:
-        return None, None
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(u), dtype=np.intp)
-    rank[order] = np.arange(len(u))
-    return first[order], rank[inv.reshape(-1)]
-
-
-def _lookup(key, tr: Trace, scal: np.ndarray) -> _Exe | None:
-    bucket = _cache.get(key)
-    if bucket is None:
-        return None
-    found = False
-    for exe in bucket:
-        if exe.matches(tr):
-            found = True
-            if exe.fits(scal):
-                return exe
-    if not found:
-        COUNTERS["hash_collisions"] += 1
-    return None
-
-
-def _insert(key, exe: _Exe) -> None:
-    bucket = _cache.get(key)
-    if bucket is None:
-        _cache[key] = [exe]
-    else:
-        bucket.append(exe)
 
 
 def _live_outputs(tr: Trace):
@@ -308,14 +274,36 @@ def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
     return fn
 
 
+# A compiled graph whose flushes compiled this many times runs in a flush of its own
+# from then on (``isolated``).
+GRAPH_ISOLATE_MISSES = 3
+
+
+def _count_graph_misses(tr: Trace) -> None:
+    seen = set()
+    for p in tr.nodes:
+        if p.graph and p.uid not in seen:
+            seen.add(p.uid)
+            p.flush_misses += 1
+
+
+def isolated(prog: Prog) -> bool:
+    """Whether the compiled graph ``prog`` gets a flush of its own: the traces that held it
+    kept compiling, because the eager code around it changes shape from call to call
+    (``generate()``'s growing ``input_ids``; a training step, whose trace is the same
+    every step, never is). Alone, the graph's program is a cache hit at every call, and
+    only the small programs of the code around it compile."""
+    return prog.flush_misses >= GRAPH_ISOLATE_MISSES
+
+
 def _scalar_struct(n: int):
     return jax.ShapeDtypeStruct((n,), np.float64, weak_type=True)
 
 
 def _explain(tr: Trace, src: str) -> None:
-    if not _cache or _history["compiles"] < 2:
+    if not _exes.count() or _history["compiles"] < 2:
         return
-    cached = [exe for bucket in list(_cache.values())[-32:] for exe in bucket]
+    cached = _exes.recent(32)
     print(explain(tr, src, cached), file=sys.stderr)
 
 
@@ -362,12 +350,13 @@ def _donation_mask(tr: Trace) -> tuple:
     return tuple(id(a) in ow and sys.getrefcount(a) <= 3 for a in tr.leaves)
 
 
-def flush(reason: str = "sync", trace: Trace | None = None) -> None:
+def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool = False) -> None:
     """Run the pending trace as one computation and materialize its live outputs.
 
     If compiling or running it fails, the error names its ops and source lines; its
     tensors stay pending on that trace (a later read retries it) and a fresh trace
-    takes new ops, so one bad op does not poison unrelated work.
+    takes new ops, so one bad op does not poison unrelated work (``keep_on_error``: the
+    failed trace stays the current one and takes new ops too).
     """
     global _trace
     with LOCK:
@@ -382,16 +371,17 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         donate_mask = _donation_mask(tr)
         key = (tr.h, len(tr.nodes), out_refs, donate_mask)
         scal = np.asarray(tr.scalars, dtype=np.float64)
-        exe = _lookup(key, tr, scal)
+        exe = _exes.lookup(key, tr, scal)
         hit = exe is not None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
         compile_s = 0.0
         try:
             if exe is None:
+                _count_graph_misses(tr)
                 if config.explain_recompile:
                     _explain(tr, src)
-                first, slots = _scalar_layout(scal)
+                first, slots = _exes.scalar_layout(scal)
                 fn = _build_fn(tr, out_refs, donate_mask, slots)
                 n_slots = len(scal) if first is None else len(first)
                 args = (donated, kept, _scalar_struct(n_slots))
@@ -401,8 +391,8 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
                 else:
                     compiled, mem, compile_s = runner.compile_program(fn, args, donate_argnums=(0,))
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
-                exe = _Exe(compiled, mem, tr, src, out_avals, first, slots)
-                _insert(key, exe)
+                exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots)
+                _exes.insert(key, exe)
                 _history["compiles"] += 1
             else:
                 exe.hits += 1
@@ -410,8 +400,9 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
             live_before = memory._state["live"]
             passed = memory.bytes_of(leaves)
             t0 = time.perf_counter()
-            with _X64(True), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
+            # there), never at a call: no warning filter here (~0.2 ms a flush).
+            with _X64(True):
                 results = exe.compiled(donated, kept, exe.scalar_input(scal))
             exec_s = time.perf_counter() - t0
             if donated:
@@ -419,7 +410,7 @@ def flush(reason: str = "sync", trace: Trace | None = None) -> None:
         except KeyboardInterrupt:
             raise
         except Exception as e:
-            if tr is _trace:
+            if tr is _trace and not keep_on_error:
                 _trace = Trace()
             ops = ", ".join(sorted({p.name for p in tr.nodes}))
             where = ""
@@ -470,7 +461,7 @@ def hlo_text(tr: Trace, pendings) -> str:
         return ""
     mask = tuple(False for _ in tr.leaves)
     scal = np.asarray(tr.scalars, dtype=np.float64)
-    first, slots = _scalar_layout(scal)
+    first, slots = _exes.scalar_layout(scal)
     fn = _build_fn(tr, refs, mask, slots)
     n_slots = len(scal) if first is None else len(first)
     with _X64(True):
@@ -479,17 +470,9 @@ def hlo_text(tr: Trace, pendings) -> str:
 
 
 def cache_info() -> dict:
-    return {"entries": sum(len(b) for b in _cache.values()), "maxsize": _cache.maxsize,
-            "compiles": _history["compiles"], "flushes": _history["flushes"]}
+    return {**_exes.cache_info(), "compiles": _history["compiles"],
+            "flushes": _history["flushes"]}
 
 
 def clear_cache() -> None:
-    _cache.clear()
-
-
-def set_cache_size(n: int) -> None:
-    global _cache
-    new = LRUCache(maxsize=n)
-    for k, v in list(_cache.items())[-n:]:
-        new[k] = v
-    _cache = new
+    _exes.clear()

@@ -27,7 +27,7 @@ def aval_nbytes(shape, dtype) -> int:
 
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
-                 "out_nbytes", "const")
+                 "out_nbytes", "const", "graph", "flush_misses")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -47,6 +47,10 @@ class Prog:
         self.op = op
         # its outputs read no input array's value (a factory: zeros_like, full, ...)
         self.const = const
+        # a torch.compile graph (``_compile``), and how many defer flushes holding it
+        # compiled (``_defer``: a graph whose surroundings keep changing is isolated)
+        self.graph = False
+        self.flush_misses = 0
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

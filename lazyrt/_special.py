@@ -5,13 +5,13 @@ precedence over everything else (the op's lowering, if any, stays on the entry a
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from . import _defer
 from ._handlers import functional, mutating
+from ._ir import Pending
 from ._tensor import TpuTensor
-from ._values import concrete, from_cpu, to_cpu
-from .metrics import COUNTERS
+from ._values import concrete, from_cpu, host_to_device, to_cpu, to_host, write
 
 aten = torch.ops.aten
 
@@ -45,13 +45,31 @@ def copy_(e, args, kwargs):
     # host -> tpu: one transfer, then the same broadcast/cast rule
     if src.device.type == "meta":
         raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+    if _replaces_whole(dst, src):
+        # ``x.to("tpu")``: the transfer IS the new value of dst's whole storage; nothing
+        # to compute. In defer mode the ``empty`` that made dst is unrecorded too, so a
+        # tensor moved before a loop is not part of the first step's program.
+        with _defer.LOCK:
+            old = dst._st.value
+            write(dst, host_to_device(src.detach()))
+            if type(old) is Pending:
+                _defer.forget_last(old)
+        return dst
     return mutating(e, (dst, from_cpu(src.detach())) + tuple(args[2:]), kwargs)
+
+
+def _replaces_whole(dst: TpuTensor, src: torch.Tensor) -> bool:
+    """Whether copying the CPU tensor ``src`` into ``dst`` overwrites all of dst's storage
+    with src's values as they are: same shape and dtype, and dst a base tensor (its
+    storage holds its own value, whatever its strides)."""
+    shape = dst._spec[0]
+    return (dst._chain is None and src.dtype == dst.dtype and tuple(src.shape) == shape
+            and dst._spec[3] == 0 and tuple(dst._st.value.shape) == shape)
 
 
 def local_scalar_dense(e, args, kwargs):
     t = args[0]
-    arr = np.asarray(concrete(t))
-    COUNTERS["transfers_to_host"] += 1
+    arr = to_host(concrete(t))
     v = arr.reshape(()).item()
     if t.dtype == torch.bool:
         return bool(v)

@@ -16,12 +16,13 @@ _MASK = (1 << _SHIFT) - 1
 
 class Trace:
     __slots__ = ("nodes", "refs", "h", "leaves", "leaf_index", "leaf_avals", "scalars",
-                 "storages", "overwritten", "done", "srcs", "__weakref__")
+                 "storages", "overwritten", "done", "srcs", "cuttable", "prev_h", "__weakref__")
 
     def __init__(self):
         self.nodes: list[Prog] = []  # Prog per node
         self.refs: list[tuple] = []  # input refs per node (tuple of ints)
         self.h = 0  # running structural hash
+        self.prev_h = None  # the hash before the last node (``_defer.forget_last``)
         self.leaves: list = []  # materialized inputs (jax arrays)
         self.leaf_index: dict = {}  # id(array) -> leaf number
         self.leaf_avals: list = []  # (shape, dtype) per leaf: part of the verified key
@@ -31,6 +32,7 @@ class Trace:
         self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
+        self.cuttable = True  # False once a fusion-window cut of it failed
 
 
 def _ref_text(tr: Trace, r: int) -> str:

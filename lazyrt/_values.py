@@ -10,6 +10,8 @@ flush. Functions here that may record outside an op (``value`` of a view) take i
 """
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import torch
@@ -130,9 +132,16 @@ def from_cpu(c: torch.Tensor) -> TpuTensor:
 
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """The one device->host transfer (a sync point in defer mode)."""
-    arr = concrete(t)
+    return _dtypes.numpy_to_torch(to_host(concrete(t)))
+
+
+def to_host(arr) -> np.ndarray:
+    """``arr`` on the host: waits for it (timed, ``wait_seconds``) and counts the transfer."""
     COUNTERS["transfers_to_host"] += 1
-    return _dtypes.numpy_to_torch(np.asarray(arr))
+    t0 = time.perf_counter()
+    host = np.asarray(arr)
+    COUNTERS["wait_seconds"] += time.perf_counter() - t0
+    return host
 
 
 def to_cpu_tree(a, originals: dict | None = None):

@@ -188,10 +188,12 @@ def computation_peak(live_before: int, passed_bytes: int, analysis: MemoryAnalys
     return max(live_before - passed_bytes, 0) + analysis.peak_bytes
 
 
-def note_computation(live_before: int, passed_bytes: int, analysis: MemoryAnalysis,
-                     where: str) -> None:
-    """Fold one unlogged computation (a strict op on the hot path) into the process peak."""
-    peak = computation_peak(live_before, passed_bytes, analysis)
+def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: str) -> None:
+    """Fold one unlogged computation (a strict op on the hot path, run on ``arrays``) into
+    the process peak."""
+    if live_before + analysis.peak_bytes <= _state["peak"]:
+        return  # an upper bound of its peak: the bytes passed in need not be counted
+    peak = computation_peak(live_before, bytes_of(arrays), analysis)
     if peak > _state["peak"]:
         _state["peak"] = peak
         _state["peak_where"] = where

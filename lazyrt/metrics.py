@@ -24,6 +24,9 @@ _ZERO = {
     "cpu_fallbacks": 0,
     "pending_ops": 0,
     "max_trace_ops": 0,
+    "window_flushes": 0,  # segments launched by LAZYRT_FUSION_WINDOW
+    "window_cut_failures": 0,  # segments that failed (recording went on in the same trace)
+    "wait_seconds": 0.0,  # host time blocked on device results (reads, lazyrt.sync)
     "decompositions": 0,
     "compiled_modules": 0,  # graphs Dynamo handed the tpu backend
     "compiled_graphs": 0,  # AOT forward/backward/inference graphs made into programs

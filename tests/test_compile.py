@@ -170,6 +170,43 @@ def test_compiled_graph_is_one_node_of_the_pending_trace():
     assert_close(got, ((x.cpu() * 2).sin() + x.cpu().cos()).sum(1) + 1)
 
 
+def test_a_graph_whose_surroundings_keep_recompiling_runs_alone():
+    """Generation's shape: a compiled step between eager ops on a growing tensor. Each
+    call's trace is new until the graph is isolated; then the graph's program is a cache
+    hit at every call and only the small eager programs around it compile."""
+    from lazyrt import _defer
+
+    w = torch.randn(8, 8)
+    wt = w.to("tpu")
+    step = torch.compile(lambda h: torch.tanh(h @ wt) * 0.5)
+    with lazyrt.set_mode("defer"):
+        seq = torch.randn(1, 8).to("tpu")
+        h = seq[-1:].clone()
+        ref_seq, ref_h = seq.cpu(), h.cpu()
+        progs = []
+        for _ in range(8):
+            before = _c()
+            h = step(h + seq[-1:])  # eager op on a slice of the growing seq
+            seq = torch.cat([seq, h])  # the growing part
+            got = seq.cpu()
+            ref_h = torch.tanh((ref_h + ref_seq[-1:]) @ w) * 0.5
+            ref_seq = torch.cat([ref_seq, ref_h])
+            assert_close(got, ref_seq)
+            progs.append(_c()["flushes"] - before["flushes"])
+    # the first calls fused graph and surroundings (1 flush, a new program each call); from
+    # the call after GRAPH_ISOLATE_MISSES misses on, the graph runs in a flush of its own
+    k = _defer.GRAPH_ISOLATE_MISSES
+    assert progs[:k] == [1] * k
+    assert all(n >= 2 for n in progs[k:]), progs
+    from lazyrt._compile.graph import ALONE
+
+    alone = [r.cache_hit for r in lazyrt.memory.flush_log()[-sum(progs[k:]):]
+             if r.name == ALONE]
+    # the graph alone: one program, compiled at its first lone call, then a hit every call
+    assert len(alone) == len(progs) - k and all(alone[1:]), alone
+    assert _c()["compiled_eager_calls"] == 0
+
+
 # ---- semantics ----------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lazyrt
-from lazyrt import _defer, _plan, _resolve, _strict, _views, memory
+from lazyrt import _defer, _exes, _plan, _resolve, _strict, _views, memory
 from lazyrt._config import config
 from lazyrt.lowering._registry import LOWERINGS
 
@@ -59,7 +59,7 @@ def test_a_cache_hit_needs_the_same_leaf_avals(defer):
     r1 = x.sum()
     tr = _defer.current()
     lazyrt.sync()
-    key_exe = [e for b in _defer._cache.values() for e in b if e.leaf_avals == tr.leaf_avals]
+    key_exe = [e for e in _exes.all_exes() if e.leaf_avals == tr.leaf_avals]
     exe_checks.append(bool(key_exe))
     r2 = y.sum()
     tr2 = _defer.current()

@@ -285,3 +285,115 @@ def test_persistent_cache_dir(tmp_path):
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.split()[-1]) == pytest.approx(64 * 3 * 0.8414709848, rel=1e-5)
     assert any(tmp_path.iterdir())  # executables were written to the cache directory
+
+
+def _mlp_steps(steps, window):
+    """A small training loop (constant lr) with ``lazyrt.config.fusion_window = window``;
+    returns the losses, the final parameters and each step's counters."""
+    prev = lazyrt.config.fusion_window
+    lazyrt.config.fusion_window = window
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(),
+                              nn.Linear(32, 4)).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(8, 16).to("tpu")
+        y = torch.randint(0, 4, (8,)).to("tpu")
+        losses, stats = [], []
+        for _ in range(steps):
+            lazyrt.metrics.reset()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            stats.append(_counters())
+        return losses, [p.detach().cpu() for p in model.parameters()], stats
+    finally:
+        lazyrt.config.fusion_window = prev
+
+
+def test_fusion_window_cuts_each_step_at_the_same_places():
+    whole_losses, whole_params, whole = _mlp_steps(6, 0)
+    losses, params, stats = _mlp_steps(6, 7)
+    # the same step as one program: the first step already (the tensors moved to tpu
+    # before the loop are not part of it)
+    assert [s["flushes"] for s in whole] == [1] * 6
+    assert whole[1]["cache_misses"] == 0
+    # cut into segments of 7 ops: the same cuts every step, each segment a cache hit
+    n = stats[1]["flushes"]
+    assert n >= 3 and stats[1]["window_flushes"] == n - 1
+    for s in stats[1:]:
+        assert s["flushes"] == n and s["cache_misses"] == 0 and s["cache_hits"] == n, s
+        assert s["max_trace_ops"] <= 7
+    torch.testing.assert_close(losses, whole_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params, whole_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fusion_window_segment_failure_loses_nothing():
+    """A segment that fails to compile is not cut: recording goes on in the same trace
+    and the error is raised at the sync point, as without a window."""
+    from lazyrt import _resolve
+
+    entry = _resolve.resolve(torch.ops.aten.cosh.default)
+    real = entry.fn
+    calls = {"n": 0}
+
+    def flaky(a):
+        calls["n"] += 1
+        if calls["n"] > 1:  # passes the abstract check at the op, fails at compile
+            raise ValueError("lowering exploded")
+        return real(a)
+
+    x = torch.randn(4).to("tpu")
+    prev = lazyrt.config.fusion_window
+    lazyrt.config.fusion_window = 2
+    entry.fn = flaky
+    entry.plans.clear()
+    try:
+        a = torch.cosh(x)
+        b = a + 1  # the window is full here: the cut fails, b is recorded all the same
+        c = b * 2
+        assert _counters()["window_cut_failures"] == 1
+        assert _is_pending(a) and _is_pending(b) and _is_pending(c)
+        with pytest.raises(RuntimeError, match=r"cosh.*lowering exploded") as ei:
+            c.cpu()
+        assert "pending tensors are intact" in str(ei.value)
+    finally:
+        entry.fn = real
+        lazyrt.config.fusion_window = prev
+    ref = torch.cosh(x.cpu())
+    torch.testing.assert_close(c.cpu(), (ref + 1) * 2)
+    torch.testing.assert_close(a.cpu(), ref)
+    entry.plans.clear()
+
+
+def test_host_to_device_transfers_record_nothing():
+    lazyrt.sync()
+    before = _counters()["pending_ops"]
+    src = torch.randn(3, 5)
+    a = src.to("tpu")
+    b = torch.tensor([[1, 2], [3, 4]], device="tpu")
+    c = src.t().to("tpu")  # a non-contiguous CPU source
+    assert _counters()["pending_ops"] == before == 0
+    assert not _is_pending(a) and not _is_pending(b)
+    torch.testing.assert_close(a.cpu(), src)
+    torch.testing.assert_close(c.cpu(), src.t())
+    assert c.stride() == src.t().stride()
+    assert b.dtype == torch.int64 and b.cpu().tolist() == [[1, 2], [3, 4]]
+    # a copy into part of a tensor, or with a cast, is still an op of the trace
+    z = torch.zeros(4, 5, device="tpu")
+    lazyrt.sync()
+    z[1:].copy_(torch.ones(3, 5))
+    w = torch.zeros(2, device="tpu", dtype=torch.float64)
+    w.copy_(torch.tensor([1, 2]))
+    assert _counters()["pending_ops"] >= 2
+    expect = torch.zeros(4, 5)
+    expect[1:] = 1
+    torch.testing.assert_close(z.cpu(), expect)
+    assert w.cpu().tolist() == [1.0, 2.0] and w.dtype == torch.float64
+    # views of a tensor overwritten whole from the host see the new values
+    v = z[0]
+    z.copy_(torch.full((4, 5), 7.0))
+    assert v.cpu().tolist() == [7.0] * 5

@@ -22,8 +22,10 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from .. import _dtypes, _rng
+from .. import _defer, _dtypes, _rng
 from .._args import rebuild, spec_of_meta, template, walk
+from .._config import config
+from .._control import flush_pending
 from .._ir import Prog
 from .._plan import make_plan
 from .._resolve import resolve
@@ -91,6 +93,10 @@ def _check_graph(gm) -> str | None:
                for v in flat):
             return f"{node.name} makes a tensor on another device"
     return None
+
+
+# The flush of a compiled graph that runs alone (``_defer.isolated``).
+ALONE = "a compiled graph that runs alone (its surroundings kept recompiling)"
 
 
 class GraphProgram:
@@ -245,6 +251,7 @@ class _GraphPlan:
         kinds = ("f",) * n_f + ("i",) * self.n_random
         self.prog = Prog(gp.name, graph_fn, kinds, out_avals,
                          desc=f"{len(steps)} ops", op=None)
+        self.prog.graph = True
 
     # ---- building ----------------------------------------------------------------------
 
@@ -343,6 +350,9 @@ class _GraphPlan:
         hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
         inputs = vals + self.consts + hv
         scal = scal + [_rng.next_seed() for _ in range(self.n_random)]
+        alone = config.mode == "defer" and _defer.isolated(self.prog)
+        if alone:
+            flush_pending("before a compiled graph that runs alone")
         outs = run(self.prog, inputs, scal)
         res = []
         for o in self.outs:
@@ -356,6 +366,8 @@ class _GraphPlan:
         # NOTE: after the outputs are tensors: reading a check's value flushes the trace
         # (defer), which materializes only values that live tensors hold.
         infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
+        if alone:
+            flush_pending(ALONE)
         for (fn, _, _, rest, kw), info in zip(self.checks, infos):
             fn(concrete(info), *rest, **kw)
         return res
