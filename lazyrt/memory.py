@@ -23,7 +23,15 @@ import jax
 from . import _source
 from .metrics import COUNTERS
 
-_live: dict[int, tuple] = {}  # id(array) -> (weakref, nbytes)
+
+class _Tracked(weakref.ref):
+    """A weak reference to a tracked array, with its id and bytes (one shared callback,
+    ``_release``, rather than a closure per array: tracking is on every op's path)."""
+
+    __slots__ = ("key", "nbytes")
+
+
+_live: dict[int, _Tracked] = {}  # id(array) -> its _Tracked
 # NOTE: re-entrant: a weakref callback (``_release``) can run inside ``track`` on the same
 # thread when an allocation frees something. Taken by every update of the live bytes, so
 # threads dispatching ops at once keep the count exact.
@@ -49,29 +57,30 @@ def _observe(live: int) -> None:
         _state["peak_index"] = _log_index[0] - 1
 
 
-def _release(key: int) -> None:
+def _release(ref: _Tracked) -> None:
+    """The array of ``ref`` is garbage (its weakref callback)."""
     with _LOCK:
-        entry = _live.pop(key, None)
-        if entry is not None:
+        if _live.get(ref.key) is ref:
+            del _live[ref.key]
             live = _state["live"]
             # NOTE: live bytes peak just before they drop; observing here (and at each
             # computation and each read) rather than in ``track`` keeps a flush's outputs,
             # tracked while its donated inputs are not yet uncounted, from double-counting.
             if live > _state["peak"] or live > _state["live_peak"]:
                 _observe(live)
-            _state["live"] = live - entry[1]
+            _state["live"] = live - ref.nbytes
 
 
 def _purge_deleted() -> int:
     """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
     freed = 0
     with _LOCK:
-        for key, (ref, nbytes) in list(_live.items()):
+        for key, ref in list(_live.items()):
             a = ref()
             if a is not None and a.is_deleted():
                 # The weakref callback pops nothing later: the entry is gone.
                 del _live[key]
-                freed += nbytes
+                freed += ref.nbytes
         _state["live"] -= freed
     return freed
 
@@ -85,11 +94,13 @@ def track(arr, nbytes: int | None = None) -> None:
     if nbytes is None:
         nbytes = arr.nbytes
     try:
-        ref = weakref.ref(arr, lambda _r, key=key: _release(key))
+        ref = _Tracked(arr, _release)
     except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
         return
+    ref.key = key
+    ref.nbytes = nbytes
     with _LOCK:
-        _live[key] = (ref, nbytes)
+        _live[key] = ref
         _state["live"] += nbytes
 
 
@@ -104,7 +115,7 @@ def untrack(arrays) -> int:
         for a in arrays:
             e = _live.pop(id(a), None)
             if e is not None:
-                freed += e[1]
+                freed += e.nbytes
         _state["live"] -= freed
         _state["untracked"] = True
     return freed
@@ -121,7 +132,7 @@ def bytes_of(arrays) -> int:
         seen.add(k)
         e = _live.get(k)
         if e is not None:
-            total += e[1]
+            total += e.nbytes
     return total
 
 
