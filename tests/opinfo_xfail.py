@@ -20,7 +20,6 @@ XFAIL = {
     "svd_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
     "pca_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
     "linalg.eigh": "eigenvector signs differ between JAX's and PyTorch's LAPACK calls (eigenvalues match)",
-    "matrix_exp": "JAX expm (Pade 13) vs PyTorch (Taylor 18): one element rel 2.6e-3 on an input with entries ~1e5",
     "as_strided.partial_views": "as_strided over a non-contiguous base storage layout",
 }
 
@@ -29,7 +28,19 @@ XFAIL_GRAD = {
     "to": "PyTorch autograd asserts on streams (opt_ready_stream) for this cross-device sample",
 }
 
-XFAIL_DTYPE: dict = {}
+# ``id@dtype``: that dtype's sweep only (float32 included: an entry that fails in float32
+# alone and passes in the other dtypes).
+XFAIL_DTYPE = {
+    "matrix_exp@float32": "JAX expm (Pade 13) vs PyTorch (Taylor 18): one element rel 2.6e-3 on an input with entries ~1e5",
+    "matrix_exp@bfloat16": "CPU's bfloat16 matrix_exp gives nan for these inputs (entries ~8, result ~1e5); lazyrt computes in float32",
+    "native_layer_norm@bfloat16": "CPU returns mean/rstd in bfloat16; PyTorch's meta kernel (and CUDA) in float32, which lazyrt follows",
+    "_batch_norm_with_update@bfloat16": "CPU returns save_mean/save_invstd in bfloat16; PyTorch's meta kernel (and CUDA) in float32, which lazyrt follows",
+    "sort@bfloat16": "8000 values in bfloat16 have many ties: the index order of ties under stable=False is CPU's implementation's (lazyrt's sort is stable); values match",
+    "argsort@bfloat16": "8000 values in bfloat16 have many ties: the index order of ties under stable=False is CPU's implementation's (lazyrt's sort is stable)",
+    "topk@bfloat16": "ties: which index of equal values CPU's partial sort returns is implementation-defined; values match",
+    "topk@int64": "ties: which index of equal values CPU's partial sort returns is implementation-defined; values match",
+    "kthvalue@int64": "ties: which index of equal values CPU's quickselect returns is implementation-defined; values match",
+}
 
 # Only with more samples than CI's default 2 (LAZYRT_OPINFO_SAMPLES=0 or > 2).
 XFAIL_ALL_SAMPLES = {

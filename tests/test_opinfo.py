@@ -75,8 +75,7 @@ def _ops():
                 reason = XFAIL.get(oid) or XFAIL.get(f"{oid}@{mode}")
                 if MAX_SAMPLES == 0 or MAX_SAMPLES > 2:
                     reason = reason or XFAIL_ALL_SAMPLES.get(oid)
-                if dt != torch.float32:
-                    reason = reason or XFAIL_DTYPE.get(f"{oid}@{dt}".replace("torch.", ""))
+                reason = reason or XFAIL_DTYPE.get(f"{oid}@{dt}".replace("torch.", ""))
                 if reason:
                     marks.append(pytest.mark.xfail(reason=reason, strict=True))
                 dname = str(dt).replace("torch.", "")
@@ -111,7 +110,7 @@ def _grad_ops():
         if oid in RANDOM_OPS or op.name in RANDOM_OPS:
             continue
         for mode in GRAD_MODES:
-            if oid in XFAIL or f"{oid}@{mode}" in XFAIL:
+            if oid in XFAIL or f"{oid}@{mode}" in XFAIL or f"{oid}@float32" in XFAIL_DTYPE:
                 marks = [pytest.mark.skip(reason="forward is an expected failure")]
             elif oid in XFAIL_GRAD:
                 marks = [pytest.mark.xfail(reason=XFAIL_GRAD[oid], strict=True)]

@@ -40,7 +40,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 from .._dtypes import to_jax as to_jax_dtype
 
 __all__ = ["Lowering", "lower", "named", "LOWERINGS", "get_lowering", "to_jax_dtype", "inverse",
-           "INVERSES"]
+           "INVERSES", "prims"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,3 +126,4 @@ def inverse(*ops):
 
 
 aten = torch.ops.aten
+prims = torch.ops.prims

@@ -443,6 +443,29 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     return out.reshape(lead + (nseg,) + rest)
 
 
+@lower(aten.bincount.default, data_dependent=True)
+def bincount(self, weights=None, minlength=0):
+    """Counts (int64) or weight sums of each value 0..max (the output length is the input's
+    max + 1): float32 weights sum in float32 in input order (np.add.at, as ATen's loop),
+    others in float64."""
+    a = np.asarray(self)
+    if a.ndim != 1 or (a.size and a.min() < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    a = a.astype(np.int64)
+    n = max(int(a.max()) + 1 if a.size else 0, minlength)
+    if weights is None:
+        return jnp.asarray(np.bincount(a, minlength=n).astype(np.int64))
+    w = np.asarray(weights)
+    if w.shape != a.shape:
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    dt = np.float32 if w.dtype == np.float32 else np.float64
+    out = np.zeros((n,), dt)
+    np.add.at(out, a, w.astype(dt))
+    return jnp.asarray(out)
+
+
 @lower(aten.repeat_interleave.Tensor, data_dependent=True)
 def repeat_interleave_tensor(repeats, *, output_size=None):
     """Index i repeated repeats[i] times (the output length is the repeats' sum)."""

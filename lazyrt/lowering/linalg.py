@@ -8,12 +8,20 @@ from jax import lax
 
 from .._xla import on_cpu
 from ._registry import aten, lower
-from ._util import jdt, matmul_precision
+from ._util import canon_dim, jdt, matmul_precision, opmath
 
 
 def _dot(a, b):
     return jnp.matmul(a, b, precision=matmul_precision(),
                       preferred_element_type=jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else None)
+
+
+def _coef(c, like):
+    """An addmm-family ``alpha``/``beta`` as ATen applies it: converted to the integer (or
+    bool) dtype of an integer product first, so 0.6 scales an int64 product by 0."""
+    if isinstance(c, (int, bool)) or jnp.issubdtype(like.dtype, jnp.inexact):
+        return c
+    return jnp.asarray(c).astype(like.dtype)
 
 
 @lower(aten.mm.default)
@@ -61,6 +69,7 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
         out = pallas_matmul(mat1, mat2, bias=self)
         if out is not None:
             return out
+    alpha, beta = _coef(alpha, mat1), _coef(beta, mat1)
     out = _dot(mat1, mat2)
     if not (isinstance(alpha, int) and alpha == 1):
         out = out * alpha
@@ -73,11 +82,13 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
 
 @lower(aten.addmv.default)
 def addmv(self, mat, vec, *, beta=1, alpha=1):
+    alpha, beta = _coef(alpha, mat), _coef(beta, mat)
     return beta * self + alpha * _dot(mat, vec)
 
 
 @lower(aten.baddbmm.default)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    alpha, beta = _coef(alpha, batch1), _coef(beta, batch1)
     out = alpha * _dot(batch1, batch2)
     if isinstance(beta, int) and beta == 0:
         return out
@@ -86,10 +97,37 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @lower(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    alpha, beta = _coef(alpha, batch1), _coef(beta, batch1)
+    if batch1.dtype in (jnp.bfloat16, jnp.float16) and batch1.shape[0] > 0:
+        # ATen's CPU addbmm is one addmm_ per batch into the output, each rounded to the
+        # low-precision dtype; accumulate the same way (a float32 sum differs by 1 ulp there)
+        def step(acc, ab):
+            a, b = ab
+            return (alpha * _dot(a, b) + opmath(acc)).astype(batch1.dtype), None
+
+        first = alpha * _dot(batch1[0], batch2[0])
+        if not (isinstance(beta, int) and beta == 0):
+            first = first + beta * opmath(self)
+        first = jnp.broadcast_to(first, (batch1.shape[1], batch2.shape[2])).astype(batch1.dtype)
+        out, _ = lax.scan(step, first, (batch1[1:], batch2[1:]))
+        return out
     out = alpha * jnp.sum(_dot(batch1, batch2), axis=0)
     if isinstance(beta, int) and beta == 0:
         return out
     return out + beta * self
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(self, other, *, dim=-1):
+    """a x b, each product rounded to the operands' dtype before the difference, as ATen's
+    CPU kernel does (PyTorch's decomposition computes bfloat16 in float32)."""
+    dt = jnp.result_type(self, other)
+    a, b = jnp.broadcast_arrays(self.astype(dt), other.astype(dt))
+    d = canon_dim(dim, a.ndim)
+    c = [lax.index_in_dim(a, i, d) for i in range(3)]
+    e = [lax.index_in_dim(b, i, d) for i in range(3)]
+    return jnp.concatenate([c[1] * e[2] - c[2] * e[1], c[2] * e[0] - c[0] * e[2],
+                            c[0] * e[1] - c[1] * e[0]], axis=d)
 
 
 @lower(aten.outer.default, aten.ger.default)
@@ -99,6 +137,7 @@ def outer(self, vec2):
 
 @lower(aten.addr.default)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    alpha, beta = _coef(alpha, vec1), _coef(beta, vec1)
     out = alpha * jnp.outer(vec1, vec2)
     if isinstance(beta, int) and beta == 0:
         return out

@@ -325,6 +325,8 @@ def linalg_eig(self):
 def linalg_matrix_exp(self):
     if self.size == 0:
         return self
+    if self.dtype in (jnp.bfloat16, jnp.float16):  # jax's expm takes float32/64 only
+        return jax.scipy.linalg.expm(self.astype(jnp.float32)).astype(self.dtype)
     return jax.scipy.linalg.expm(self)
 
 

@@ -1,8 +1,9 @@
 """Linear-algebra solvers JAX has no direct counterpart of, with PyTorch's CPU (LAPACK)
 output conventions: ``linalg_lstsq`` (driver-dependent outputs) and the
 Bunch-Kaufman LDL^T factorization ``linalg_ldl_factor_ex`` / ``linalg_ldl_solve``
-(LAPACK ``sytf2``/``sytrs`` with ``uplo='L'``: the same pivot choices, the same
-compact ``LD`` and 1-based int32 ``pivots``, negative for 2x2 blocks)."""
+(LAPACK ``sytf2``/``sytrs`` with ``uplo='L'``, real or complex symmetric: the same pivot
+choices, the same compact ``LD`` and 1-based int32 ``pivots``, negative for 2x2 blocks;
+complex Hermitian (``hetrf``) is not lowered)."""
 from __future__ import annotations
 
 import jax
@@ -83,24 +84,29 @@ def _sytf2_lower(a):
     idx = jnp.arange(n)
     row, col = idx[:, None], idx[None, :]
     neg = jnp.asarray(-1, jnp.real(a).dtype)
+    if jnp.iscomplexobj(a):  # csytf2 ranks pivots by CABS1 = |re| + |im|
+        def cabs(v):
+            return jnp.abs(jnp.real(v)) + jnp.abs(jnp.imag(v))
+    else:
+        cabs = jnp.abs
 
     def first_argmax(v):
         return jnp.argmax(v)  # LAPACK i*amax: the first index of the largest |value|
 
     def step(state):
         A, piv, info, k = state
-        absakk = jnp.abs(A[k, k])
-        colabs = jnp.where(idx > k, jnp.abs(A[:, k]), neg)
+        absakk = cabs(A[k, k])
+        colabs = jnp.where(idx > k, cabs(A[:, k]), neg)
         imax = first_argmax(colabs)
         colmax = jnp.where(k < n - 1, colabs[imax], 0)
-        rowabs = jnp.where((idx >= k) & (idx < imax), jnp.abs(A[imax, :]), neg)
+        rowabs = jnp.where((idx >= k) & (idx < imax), cabs(A[imax, :]), neg)
         rowmax = rowabs[first_argmax(rowabs)]
-        below = jnp.where(idx > imax, jnp.abs(A[:, imax]), neg)
+        below = jnp.where(idx > imax, cabs(A[:, imax]), neg)
         rowmax = jnp.where(imax < n - 1, jnp.maximum(rowmax, below[first_argmax(below)]), rowmax)
         zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
         one_k = absakk >= _ALPHA * colmax
         one_k2 = absakk >= _ALPHA * colmax * (colmax / jnp.where(rowmax == 0, 1, rowmax))
-        one_imax = jnp.abs(A[imax, imax]) >= _ALPHA * rowmax
+        one_imax = cabs(A[imax, imax]) >= _ALPHA * rowmax
         stay = zero | one_k | one_k2
         kp = jnp.where(stay, k, imax)
         kstep = jnp.where(stay | one_imax, 1, 2)
@@ -153,8 +159,8 @@ def _batched(fn, x, n_core):
 
 @lower(aten.linalg_ldl_factor_ex.default)
 def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
-    if jnp.iscomplexobj(self):
-        raise NotImplementedError("lazyrt: linalg_ldl_factor_ex of complex matrices")
+    if jnp.iscomplexobj(self) and hermitian:
+        raise NotImplementedError("lazyrt: linalg_ldl_factor_ex of complex Hermitian matrices")
     n = self.shape[-1]
     batch = self.shape[:-2]
     if self.size == 0:
@@ -217,8 +223,8 @@ def _sytrs_lower(ld, piv, b):
 
 @lower(aten.linalg_ldl_solve.default)
 def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
-    if jnp.iscomplexobj(LD):
-        raise NotImplementedError("lazyrt: linalg_ldl_solve of complex matrices")
+    if jnp.iscomplexobj(LD) and hermitian:
+        raise NotImplementedError("lazyrt: linalg_ldl_solve of complex Hermitian matrices")
     n = LD.shape[-1]
     batch = jnp.broadcast_shapes(LD.shape[:-2], B.shape[:-2])
     k = B.shape[-1]

@@ -675,8 +675,9 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, p
         first = jnp.full((nb, dim), n, jnp.int64).at[seg].min(cand)
         max_idx = jnp.where(first < n, idx[jnp.clip(first, 0, max(n - 1, 0))], 0)
     else:
+        rows = opmath(rows)  # ATen (fbgemm) sums low-precision bags in float32
         if per_sample_weights is not None:
-            rows = rows * per_sample_weights.reshape(-1, 1).astype(rows.dtype)
+            rows = rows * opmath(per_sample_weights).reshape(-1, 1).astype(rows.dtype)
         out = jnp.zeros((nb, dim), rows.dtype).at[seg].add(jnp.where(keep[:, None], rows, 0))
         if mode == 1:
             out = out / jnp.maximum(counts, 1)[:, None].astype(out.dtype)
@@ -715,7 +716,11 @@ def _reflect(coord, lo2, hi2):
 
 
 def _grid_source_index(coord, size, padding_mode, align_corners):
-    c = _grid_unnormalize(coord, size, align_corners)
+    return _grid_pad(_grid_unnormalize(coord, size, align_corners), size, padding_mode,
+                     align_corners)
+
+
+def _grid_pad(c, size, padding_mode, align_corners):
     if padding_mode == 1:  # border
         c = jnp.clip(c, 0, size - 1)
     elif padding_mode == 2:  # reflection
@@ -725,8 +730,10 @@ def _grid_source_index(coord, size, padding_mode, align_corners):
 
 
 def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners):
-    """2-D/3-D grid_sample with bilinear (0) or nearest (1) interpolation."""
-    x = opmath(input)
+    """2-D/3-D grid_sample with bilinear (0), nearest (1) or (2-D) bicubic (2) interpolation.
+    All compute in the input's dtype, as ATen's CPU kernels do (for bfloat16 a float32
+    computation differs from CPU's by several bfloat16 ulps)."""
+    x = input
     nd = x.ndim - 2
     N, C = x.shape[:2]
     sizes = x.shape[2:]  # (D,) H, W
@@ -750,6 +757,8 @@ def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners
 
     if interpolation_mode == 1:  # nearest (round half to even, like nearbyint)
         return gather([jnp.round(c) for c in coords])
+    if interpolation_mode == 2 and nd == 2:
+        return _grid_bicubic(x, g, gather, sizes, padding_mode, align_corners)
     if interpolation_mode != 0:
         raise NotImplementedError("lazyrt: grid_sampler: bicubic is only supported in 2-D")
     lo = [jnp.floor(c) for c in coords]
@@ -762,6 +771,46 @@ def _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners
             w = w * (fr[d] if b else 1 - fr[d])
         out = out + gather([lo[d] + bits[d] for d in range(nd)]) * w[:, None]
     return out
+
+
+def _cubic_weights(t):
+    A = -0.75
+
+    def cc1(v):
+        return ((A + 2) * v - (A + 3)) * v * v + 1
+
+    def cc2(v):
+        return ((A * v - 5 * A) * v + 8 * A) * v - 4 * A
+
+    return cc2(t + 1.0), cc1(t), cc1(1.0 - t), cc2(2.0 - t)
+
+
+def _grid_bicubic(x, g, gather, sizes, padding_mode, align_corners):
+    """PyTorch's bicubic grid sampling (A = -0.75): 4x4 taps around the unnormalized
+    coordinate, each tap padded (border/reflection) and zero outside."""
+    H, W = sizes
+    ix = _grid_unnormalize(g[..., 0], W, align_corners)
+    iy = _grid_unnormalize(g[..., 1], H, align_corners)
+    ix0, iy0 = jnp.floor(ix), jnp.floor(iy)
+    wx = _cubic_weights(ix - ix0)
+    wy = _cubic_weights(iy - iy0)
+
+    def tap(px, py):
+        return gather([_grid_pad(py, H, padding_mode, align_corners),
+                       _grid_pad(px, W, padding_mode, align_corners)])
+
+    out = 0
+    for j in range(4):
+        row = 0
+        for i in range(4):
+            row = row + tap(ix0 + (i - 1), iy0 + (j - 1)) * wx[i][:, None]
+        out = out + row * wy[j][:, None]
+    return out
+
+
+@lower(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_nd(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
 @lower(aten.grid_sampler_3d.default)

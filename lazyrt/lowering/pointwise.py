@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
 
-from ._registry import aten, lower, named
+from ._registry import aten, lower, named, prims
 from ._util import jdt, log1p, opmath
 
 
@@ -88,9 +88,44 @@ def remainder(self, other):
     return jnp.remainder(self, other)
 
 
+@lower(prims.gcd.default)
+def gcd(self, other):
+    return jnp.gcd(self, other)
+
+
+@lower(aten.lcm.default)
+def lcm(self, other):
+    """ATen: |a / gcd(a, b) * b| (wrapping), 0 when gcd is 0; int8/int16 computed in int32."""
+    dt = jnp.result_type(self, other)
+    wide = jnp.int32 if dt in (jnp.int8, jnp.int16) else dt
+    a, b = self.astype(wide), other.astype(wide)
+    g = jnp.gcd(a, b)
+    safe = jnp.where(g == 0, 1, g)
+    return jnp.where(g == 0, 0, jnp.abs(lax.div(a, safe) * b)).astype(dt)
+
+
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(self, other):
     return jnp.fmod(self, other)
+
+
+def _int_pow(a, e):
+    """Integer ``a ** e`` as ATen's ``powi``: square-and-multiply with wraparound over all
+    64 exponent bits; a negative exponent gives 0, except for bases 1 and -1."""
+    dt = jnp.result_type(a, e)
+    a, e = jnp.broadcast_arrays(a.astype(dt), e.astype(dt))
+
+    def body(_, s):
+        r, b, k = s
+        r = jnp.where(k & 1 == 1, r * b, r)
+        return r, b * b, k >> 1
+
+    r, _, _ = lax.fori_loop(0, 8 * jnp.dtype(dt).itemsize, body,
+                            (jnp.ones_like(a), a, jnp.maximum(e, 0)))
+    if jnp.issubdtype(dt, jnp.signedinteger):
+        neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(e % 2 == 0, 1, -1), 0))
+        r = jnp.where(e < 0, neg.astype(dt), r)
+    return r
 
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
@@ -103,7 +138,7 @@ def pow_(self, exponent):
     a = _arr(self)
     e = _arr(exponent)
     if jnp.issubdtype(a.dtype, jnp.integer) and jnp.issubdtype(e.dtype, jnp.integer):
-        return jnp.power(a, e)
+        return _int_pow(a, e)
     return jnp.power(opmath(a) if jnp.issubdtype(a.dtype, jnp.inexact) else a, e)
 
 
@@ -328,6 +363,12 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
 
 # ---- unary math ------------------------------------------------------------------------
 
+
+def digamma(x):
+    """digamma with ATen's pole at zero: -inf at +0, +inf at -0 (jax gives nan)."""
+    return jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), jss.digamma(x))
+
+
 _FLOAT_UNARY = {
     "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
@@ -335,7 +376,7 @@ _FLOAT_UNARY = {
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
-    "lgamma": jss.gammaln, "digamma": jss.digamma, "i0": jss.i0, "sinc": jnp.sinc,
+    "lgamma": jss.gammaln, "digamma": digamma, "i0": jss.i0, "sinc": jnp.sinc,
     "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg, "reciprocal": jnp.reciprocal,
     "special_i0e": jss.i0e, "special_i1": jss.i1, "special_i1e": jss.i1e,
     "special_ndtr": jss.ndtr, "special_ndtri": jss.ndtri, "special_erfcx": jss.erfcx,
@@ -642,6 +683,11 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
             self = jnp.real(self)
         return self.astype(jd)
     return self
+
+
+@lower(prims.convert_element_type.default)
+def convert_element_type(a, dtype):
+    return _to_copy(a, dtype=dtype)
 
 
 @lower(aten.clone.default)

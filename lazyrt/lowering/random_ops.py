@@ -34,6 +34,9 @@ def normal_functional(self, mean=0.0, std=1.0, *, generator):
 
 @_rlower(aten.uniform.default)
 def uniform(self, from_=0.0, to=1.0, *, generator):
+    if jnp.iscomplexobj(self):  # ATen: real and imaginary parts each uniform (view_as_real)
+        part = jax.random.uniform(generator, self.shape + (2,), jnp.real(self).dtype, from_, to)
+        return jax.lax.complex(part[..., 0], part[..., 1])
     return jax.random.uniform(generator, self.shape, _fdt(self), from_, to)
 
 

@@ -186,7 +186,8 @@ def logsumexp(self, dim, keepdim=False):
     x = self if jnp.issubdtype(self.dtype, jnp.inexact) else self.astype(jnp.float32)
     x = opmath(x)
     ax = dims(dim, self.ndim)
-    m = jnp.max(x, axis=ax, keepdims=True)
+    # complex: shift by the largest real part (as ATen)
+    m = jnp.max(jnp.real(x), axis=ax, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0)
     out = jnp.log(jnp.sum(jnp.exp(x - m), axis=ax, keepdims=True)) + m
     return out if keepdim else jnp.squeeze(out, ax)
@@ -242,7 +243,25 @@ def cummin(self, dim):
 def logcumsumexp(self, dim):
     if self.ndim == 0:
         return self
+    if jnp.iscomplexobj(self):
+        return lax.associative_scan(_log_add_exp_complex, self, axis=canon_dim(dim, self.ndim))
     return lax.cumlogsumexp(opmath(self), axis=canon_dim(dim, self.ndim))
+
+
+def _log_add_exp_complex(x, y):
+    """log(exp(x) + exp(y)) for complex x, y as ATen's ``_log_add_exp_helper``: shift by the
+    operand with the larger real part; nan if either is nan; both real parts -inf: the
+    smaller operand."""
+    xr, yr = jnp.real(x), jnp.real(y)
+    x_small = xr <= yr
+    mn = jnp.where(x_small, x, y)
+    mx = jnp.where(x_small, y, x)
+    mnr, mxr = jnp.real(mn), jnp.real(mx)
+    out = jnp.log1p(jnp.exp(mn - mx)) + mx
+    both_inf = ~jnp.isfinite(mnr) & (mnr == mxr)
+    out = jnp.where(both_inf & (mnr < 0), mn, out)
+    nan = jnp.isnan(x) | jnp.isnan(y)
+    return jnp.where(nan, jnp.asarray(jnp.nan + 1j * jnp.nan, x.dtype), out)
 
 
 @lower(aten.sort.default)
@@ -582,8 +601,14 @@ def histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
 def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
     if mode != 0:
         raise RuntimeError(f"hash_tensor: unsupported mode {mode}")
-    # mode 0: XOR of the elements' float64 bit patterns.
-    bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
+    # mode 0: XOR of the elements as uint64: a float's float64 bit pattern, an integer's or
+    # bool's value cast to uint64 (two's complement, as ATen's static_cast).
+    if jnp.issubdtype(self.dtype, jnp.inexact):
+        bits = lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
+    elif self.dtype == jnp.uint64:
+        bits = self
+    else:
+        bits = lax.bitcast_convert_type(self.astype(jnp.int64), jnp.uint64)
     ax = dims(dim, self.ndim)
     out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, ax)
     if keepdim:

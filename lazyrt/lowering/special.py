@@ -11,10 +11,10 @@ import functools
 import math
 
 import jax.numpy as jnp
-import jax.scipy.special as jss
 from jax import lax
 
 from ._registry import aten, lower
+from .pointwise import digamma
 
 # ---- coefficients (Math.h) ---------------------------------------------------------------
 
@@ -721,7 +721,7 @@ def trigamma(x):
 def polygamma(n, self):
     x = _f(self)
     if n == 0:
-        return jss.digamma(x)
+        return digamma(x)
     if n == 1:
         return trigamma(x)
     sign = 1.0 if n % 2 else -1.0
