@@ -162,6 +162,25 @@ def record_stream(e, args, kwargs):
     return None
 
 
+def _scalars_read(op, name: str):
+    """``linspace``/``logspace`` with tensor endpoints, as ATen's composite kernel: each
+    endpoint must be 0-d; its value is read (a sync point) and the Scalar overload runs on
+    whatever device ``device=`` names."""
+
+    def handler(e, args, kwargs):
+        start, end = args[0], args[1]
+        dims = [f"{what} with {t.dim()} dimension(s)" for what, t in (("start", start), ("end", end))
+                if isinstance(t, torch.Tensor)]
+        if any(t.dim() for t in (start, end) if isinstance(t, torch.Tensor)):
+            raise RuntimeError(f"{name} only supports 0-dimensional start and end tensors, "
+                               f"but got {' and '.join(dims)}.")
+        start = start.item() if isinstance(start, torch.Tensor) else start
+        end = end.item() if isinstance(end, torch.Tensor) else end
+        return op(start, end, *args[2:], **kwargs)
+
+    return handler
+
+
 SPECIAL = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: copy_,
@@ -172,6 +191,12 @@ SPECIAL = {
     aten.is_pinned.default: is_pinned,
     aten.resize_.default: resize_,
     aten.record_stream.default: record_stream,
+    aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
+    aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),
+    aten.linspace.Scalar_Tensor: _scalars_read(aten.linspace.default, "linspace"),
+    aten.logspace.Tensor_Tensor: _scalars_read(aten.logspace.default, "logspace"),
+    aten.logspace.Tensor_Scalar: _scalars_read(aten.logspace.default, "logspace"),
+    aten.logspace.Scalar_Tensor: _scalars_read(aten.logspace.default, "logspace"),
     aten.index.Tensor: index,
     aten.index_put.default: index_put,
     aten.index_put_.default: index_put,

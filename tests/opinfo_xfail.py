@@ -48,8 +48,6 @@ XFAIL_ALL_SAMPLES = {
     # Found by the all-samples sweep (LAZYRT_OPINFO_SAMPLES=0, 2026-11-29); present since
     # before that session's changes (checked at commit d7f2909). Each raises at the op or
     # differs in value on a later sample; none is reached by CI's first two samples.
-    "linspace.tensor_overload": "start/end as CPU scalar tensors: copy across devices raises",
-    "logspace.tensor_overload": "start/end as CPU scalar tensors: copy across devices raises",
     "svd": "a later sample's singular vectors differ from CPU",
     "linalg.svd": "a later sample's singular vectors differ from CPU",
 }
