@@ -1,6 +1,7 @@
 """DeferAndFuse behaviour: what runs when, what is materialized, what is cached."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 
@@ -174,37 +175,45 @@ def test_donation_only_when_no_alias_reads_old_value():
     torch.testing.assert_close(q.cpu(), snapshot.cpu() * 3)
 
 
-def test_failing_flush_names_op_and_leaves_tensors_usable():
+@contextlib.contextmanager
+def _cosh_fails_at_compile():
+    """Within: ``cosh``'s lowering passes the abstract check at the op, then raises when
+    a flush compiles it. Its plans are dropped on the way in and out."""
     from lazyrt import _resolve
 
-    x = torch.randn(4, device="tpu")
-    lazyrt.sync()
-    good = x + 1
     entry = _resolve.resolve(torch.ops.aten.cosh.default)
     real = entry.fn
     calls = {"n": 0}
 
     def flaky(a):
         calls["n"] += 1
-        if calls["n"] > 1:  # passes the abstract check at the op, fails at compile
+        if calls["n"] > 1:
             raise ValueError("lowering exploded")
         return real(a)
 
     entry.fn = flaky
     entry.plans.clear()
     try:
+        yield
+    finally:
+        entry.fn = real
+        entry.plans.clear()
+
+
+def test_failing_flush_names_op_and_leaves_tensors_usable():
+    x = torch.randn(4, device="tpu")
+    lazyrt.sync()
+    good = x + 1
+    with _cosh_fails_at_compile():
         bad = torch.cosh(x)
         with pytest.raises(RuntimeError, match=r"cosh.*lowering exploded") as ei:
             bad.cpu()
         assert "pending tensors are intact" in str(ei.value)
         assert _is_pending(bad) and _is_pending(good)
-    finally:
-        entry.fn = real
     # new work is unaffected, and a retry of the fixed trace works
     torch.testing.assert_close((x * 3).cpu(), x.cpu() * 3)
     torch.testing.assert_close(bad.cpu(), torch.cosh(x.cpu()))
     torch.testing.assert_close(good.cpu(), x.cpu() + 1)
-    entry.plans.clear()
 
 
 def test_graph_and_hlo_inspection():
@@ -334,39 +343,24 @@ def test_fusion_window_cuts_each_step_at_the_same_places():
 def test_fusion_window_segment_failure_loses_nothing():
     """A segment that fails to compile is not cut: recording goes on in the same trace
     and the error is raised at the sync point, as without a window."""
-    from lazyrt import _resolve
-
-    entry = _resolve.resolve(torch.ops.aten.cosh.default)
-    real = entry.fn
-    calls = {"n": 0}
-
-    def flaky(a):
-        calls["n"] += 1
-        if calls["n"] > 1:  # passes the abstract check at the op, fails at compile
-            raise ValueError("lowering exploded")
-        return real(a)
-
     x = torch.randn(4).to("tpu")
     prev = lazyrt.config.fusion_window
     lazyrt.config.fusion_window = 2
-    entry.fn = flaky
-    entry.plans.clear()
     try:
-        a = torch.cosh(x)
-        b = a + 1  # the window is full here: the cut fails, b is recorded all the same
-        c = b * 2
-        assert _counters()["window_cut_failures"] == 1
-        assert _is_pending(a) and _is_pending(b) and _is_pending(c)
-        with pytest.raises(RuntimeError, match=r"cosh.*lowering exploded") as ei:
-            c.cpu()
-        assert "pending tensors are intact" in str(ei.value)
+        with _cosh_fails_at_compile():
+            a = torch.cosh(x)
+            b = a + 1  # the window is full here: the cut fails, b is recorded all the same
+            c = b * 2
+            assert _counters()["window_cut_failures"] == 1
+            assert _is_pending(a) and _is_pending(b) and _is_pending(c)
+            with pytest.raises(RuntimeError, match=r"cosh.*lowering exploded") as ei:
+                c.cpu()
+            assert "pending tensors are intact" in str(ei.value)
     finally:
-        entry.fn = real
         lazyrt.config.fusion_window = prev
     ref = torch.cosh(x.cpu())
     torch.testing.assert_close(c.cpu(), (ref + 1) * 2)
     torch.testing.assert_close(a.cpu(), ref)
-    entry.plans.clear()
 
 
 def test_host_to_device_transfers_record_nothing():
