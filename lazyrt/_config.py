@@ -23,39 +23,32 @@ def _env_bool(name: str, default: bool = False) -> bool:
     raise ValueError(f"lazyrt: {name}={v!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
 
 
-def _env_positive(name: str, default, cast, what: str):
+def _env_number(name: str, default, cast, what: str, zero_ok: bool = False):
+    """``cast`` of env var ``name`` (``default`` when unset or empty): positive, or with
+    ``zero_ok`` 0 or more."""
     v = os.environ.get(name)
-    if v is None or v == "":
+    if v is None or v.strip() == "":
         return default
     try:
         out = cast(v)
     except ValueError:
         raise ValueError(f"lazyrt: {name}={v!r} is not {what}") from None
-    if out <= 0:
-        raise ValueError(f"lazyrt: {name}={v!r} must be positive")
+    if out < 0 or (out == 0 and not zero_ok):
+        raise ValueError(f"lazyrt: {name}={v!r} must be {'0 or more' if zero_ok else 'positive'}")
     return out
 
 
 def _env_int(name: str, default: int) -> int:
-    return _env_positive(name, default, int, "an integer")
+    return _env_number(name, default, int, "an integer")
 
 
 def _env_count(name: str, default: int) -> int:
     """A non-negative integer (0 allowed: "off")."""
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    try:
-        out = int(v)
-    except ValueError:
-        raise ValueError(f"lazyrt: {name}={v!r} is not an integer") from None
-    if out < 0:
-        raise ValueError(f"lazyrt: {name}={v!r} must be 0 or more")
-    return out
+    return _env_number(name, default, int, "an integer", zero_ok=True)
 
 
 def _env_float(name: str, default: float) -> float:
-    return _env_positive(name, default, float, "a number")
+    return _env_number(name, default, float, "a number")
 
 
 def _env_mode() -> str:

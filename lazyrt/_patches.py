@@ -64,9 +64,10 @@ def _keep_tied_parameters() -> None:
     lm_head/embedding). For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a
     parameter shared by two modules stays one object; for a wrapper subclass PyTorch makes
     a new Parameter per module instead, silently untying them. Re-tie afterwards.
-    In defer mode the move is then flushed: the parameters' transfers would otherwise be
-    recorded into the first training step's trace, which would then differ from every
-    later step's (two compiles instead of one)."""
+    In defer mode the conversion is then flushed: a move from the CPU records nothing
+    (``_special.copy_``), but a conversion of parameters already on tpu (``.to(bf16)``,
+    ``.half()``) would otherwise be recorded into the first training step's trace, which
+    would then differ from every later step's (two compiles instead of one)."""
     orig = torch.nn.Module._apply
     depth = [0]
 

@@ -98,6 +98,23 @@ def test_pending_op_budget():
         lazyrt.config.max_pending_ops = prev
 
 
+def _steps(model, opt, x, y, steps, sched=None):
+    """``steps`` training steps (cross-entropy, then ``loss.item()``); returns each step's
+    loss and counters."""
+    losses, stats = [], []
+    for _ in range(steps):
+        lazyrt.metrics.reset()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+        stats.append(_counters())
+    return losses, stats
+
+
 def _train_loop(steps, opt_kwargs=None, dropout=0.1):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(dropout), nn.Linear(32, 4)).to("tpu")
@@ -105,17 +122,7 @@ def _train_loop(steps, opt_kwargs=None, dropout=0.1):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     x = torch.randn(8, 16, device="tpu")
     y = torch.randint(0, 4, (8,), device="tpu")
-    stats = []
-    for _ in range(steps):
-        lazyrt.metrics.reset()
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        loss.item()
-        stats.append(_counters())
-    return stats
+    return _steps(model, opt, x, y, steps, sched)[1]
 
 
 @pytest.mark.parametrize("opt_kwargs", [{}, {"foreach": False}, {"fused": True}],
@@ -308,15 +315,7 @@ def _mlp_steps(steps, window):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         x = torch.randn(8, 16).to("tpu")
         y = torch.randint(0, 4, (8,)).to("tpu")
-        losses, stats = [], []
-        for _ in range(steps):
-            lazyrt.metrics.reset()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            stats.append(_counters())
+        losses, stats = _steps(model, opt, x, y, steps)
         return losses, [p.detach().cpu() for p in model.parameters()], stats
     finally:
         lazyrt.config.fusion_window = prev
