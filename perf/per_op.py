@@ -1,0 +1,87 @@
+"""CPU time per op of the issuing thread, the figure least disturbed by a loaded machine:
+the minimum over ``--reps`` chains of ``--ops`` 4x4 ``mul``/``add`` ops, for the two floors
+(``floor_dispatch``: a ``__torch_dispatch__`` that only returns a new wrapper; ``floor_jit``:
+a cached ``jax.jit`` call per op), defer recording (the trace is dropped, never run) and
+strict (every op run).
+
+    python -m perf.per_op [--ops 2000] [--reps 25]
+
+Run it under another checkout (``PYTHONPATH=/other/checkout``, and
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) to compare two versions side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _chain(y, a, n):
+    for _ in range(n // 2):
+        y = y * a
+        y = y + a
+    return y
+
+
+def _best(f, reps: int, n: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.thread_time()
+        f(n)
+        ts.append((time.thread_time() - t0) / n * 1e6)
+    return min(ts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf.per_op")
+    ap.add_argument("--ops", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=25)
+    a = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from .workloads import _NewWrapper
+
+    x, w = torch.rand(4, 4), torch.full((4, 4), 0.999)
+    res = {}
+    wx, ww = _NewWrapper(x), _NewWrapper(w)
+    res["floor_dispatch"] = _best(lambda n: _chain(wx, ww, n), a.reps, a.ops)
+    jx, jw = jnp.asarray(x.numpy()), jnp.asarray(w.numpy())
+    mul, add = jax.jit(lambda p, q: p * q), jax.jit(lambda p, q: p + q)
+
+    def jit_chain(n):
+        y = jx
+        for _ in range(n // 2):
+            y = add(mul(y, jw), jw)
+        y.block_until_ready()
+
+    jit_chain(2)
+    res["floor_jit"] = _best(jit_chain, a.reps, a.ops)
+
+    import lazyrt
+    from lazyrt import _defer
+
+    with lazyrt.set_mode("defer"):
+        tx, tw = x.to("tpu"), w.to("tpu")
+
+        def record(n):
+            _chain(tx, tw, n)
+            _defer._trace = _defer.Trace()  # drop the trace: recording only
+
+        res["defer_record"] = _best(record, a.reps, a.ops)
+    with lazyrt.set_mode("strict"):
+        def strict(n):
+            _chain(tx, tw, n).cpu()
+
+        strict(a.ops)
+        res["strict"] = _best(strict, a.reps, a.ops)
+    for k, v in res.items():
+        print(f"{k:<15} {v:6.2f} us/op (CPU time, min of {a.reps})")
+    print(f"defer_record / floor_dispatch {res['defer_record'] / res['floor_dispatch']:.2f}x, "
+          f"strict / floor_jit {res['strict'] / res['floor_jit']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
