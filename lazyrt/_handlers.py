@@ -14,6 +14,9 @@ A handler is ``handler(entry, args, kwargs) -> result``:
 """
 from __future__ import annotations
 
+import math
+import warnings
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -22,7 +25,7 @@ from . import _dtypes, _fallback, _values, memory
 from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
-from ._tensor import TpuTensor, contiguous_spec
+from ._tensor import TpuTensor, contiguous_spec, contiguous_strides
 from ._values import new_tensor, run, write
 from .metrics import COUNTERS
 
@@ -45,6 +48,9 @@ def mutating(e, args, kwargs):
     plan, vals, scal = plan_for(e, args, kwargs)
     outs = run(plan.prog, vals, scal)
     layout = plan.layout
+    if plan.resize is not None:
+        for name, pos, (shape, stride, _, _) in plan.resize:
+            resize_output(arg(args, kwargs, name, pos), shape, stride)
     fresh, i = layout.wrap_fresh(outs, new_tensor)
     muts = layout.write_back(args, kwargs, outs, i, write)
     if e.n_returns == 0:
@@ -66,11 +72,16 @@ def view(e, args, kwargs):
     base = args[0]
     if type(base) is not TpuTensor:
         return functional(e, args, kwargs)
-    if base._chain is not None and e.packet == "as_strided":
-        # NOTE: as_strided's offset and strides address the base's storage, not the view.
-        root_spec = contiguous_spec(base._st.value.shape, base.dtype)
-        root = TpuTensor(root_spec, base._st)
-        return view(e, (root,) + tuple(args[1:]), kwargs)
+    if e.packet == "as_strided":
+        _check_storage_bounds(base, args, kwargs)
+        if base._chain is not None:
+            # NOTE: as_strided's offset and strides address the base's storage, not the
+            # view; without an offset it is the view's own.
+            root_spec = contiguous_spec(base._st.value.shape, base.dtype)
+            root = TpuTensor(root_spec, base._st)
+            size, stride = args[1], args[2]
+            off = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+            return view(e, (root, size, stride, base._spec[3] if off is None else off), {})
     vals: list = []
     scal: list = []
     rest = tuple([walk(e, a, vals, scal, True) for a in args[1:]])
@@ -100,6 +111,23 @@ def view(e, args, kwargs):
             res.append(TpuTensor(s, st, prefix + ((plan, i),)))
             i += 1
     return res[0] if e.n_returns == 1 else tuple(res)
+
+
+def _check_storage_bounds(base, args, kwargs) -> None:
+    """PyTorch's ``setStorage`` check: the strided view must lie inside the storage."""
+    size, stride = args[1], args[2]
+    off = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    off = base._spec[3] if off is None else off
+    if not all(type(x) is int for x in (*size, *stride, off)) or 0 in size:
+        return
+    item = base.element_size()
+    need = (1 + sum((n - 1) * s for n, s in zip(size, stride)) + off) * item
+    have = math.prod(base._st.value.shape) * item
+    if need > have:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, "
+            f"and itemsize {item} requiring a storage size of {need} are out of bounds for "
+            f"storage of size {have}")
 
 
 def inplace_view(e, args, kwargs):
@@ -169,11 +197,61 @@ def via_functional(e, args, kwargs):
             for a, b in zip(m, r):
                 aten.copy_.default(a, b)
         else:
+            if isinstance(r, torch.Tensor) and m.shape != r.shape:
+                resize_output(m, tuple(r.shape), tuple(r.stride()))
             aten.copy_.default(m, r)
     if e.n_returns == 0:
         return None
     out = [muts[a] if a >= 0 else None for a in e.ret_alias]
     return out[0] if e.n_returns == 1 else tuple(out)
+
+
+def resize_output(t: TpuTensor, shape: tuple, stride: tuple) -> None:
+    """An out= tensor of another shape, resized as PyTorch's ``resize_output`` does (with
+    its warning when the tensor had elements), restrided as the op's meta kernel says."""
+    if tuple(t.shape) == shape:
+        return
+    if t.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(t.shape)}, which does not match the required output shape {list(shape)}. "
+            f"This behavior is deprecated, and in a future PyTorch release outputs will not "
+            f"be resized unless they have zero elements. You can explicitly reuse an out "
+            f"tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+            UserWarning, stacklevel=2)
+    restride(t, shape, stride)
+
+
+def restride(t: TpuTensor, shape: tuple, stride: tuple) -> None:
+    """``t`` (the same Python object) becomes the tensor of ``shape``/``stride`` at its
+    storage offset in its storage, read as C-contiguous (PyTorch's ``resize_``/
+    ``as_strided_``): a view of the same storage when it fits, so every alias still sees
+    its writes. A storage too small grows into a new one: the old elements first, then
+    zeros (other aliases keep the old storage)."""
+    st = t._st
+    root_dtype = _dtypes.to_torch(st.value.dtype)
+    if root_dtype != t.dtype:
+        raise NotImplementedError(
+            f"lazyrt: resizing a {t.dtype} view of a {root_dtype} storage is not supported")
+    off = t._spec[3]
+    numel = math.prod(shape)
+    need = off + 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if numel else 0
+    if t._chain is None and t._spec[1] != contiguous_strides(t._spec[0]) and t.dim() > 1:
+        # a base in another layout: its storage order is its strides' order
+        order = sorted(range(t.dim()), key=lambda d: -t._spec[1][d])
+        flat = aten.reshape.default(aten.permute.default(t, order), [-1])
+    else:
+        root = TpuTensor(contiguous_spec(st.value.shape, root_dtype), st)
+        flat = aten.view.default(root, [-1]) if root.dim() != 1 else root
+    if need > flat.numel():
+        flat = aten.constant_pad_nd.default(flat, [0, need - flat.numel()], 0)
+    if tuple(stride) == contiguous_strides(shape):
+        if off or numel != flat.numel():
+            flat = aten.slice.Tensor(flat, 0, off, off + numel)
+        new = aten.view.default(flat, list(shape))
+    else:
+        new = aten.as_strided.default(flat, list(shape), list(stride), off)
+    t._rebind(new)
 
 
 def missing(e, args, kwargs):

@@ -13,6 +13,7 @@ Running an op is then ``plan_for`` (walk the arguments, look the plan up) and
 from __future__ import annotations
 
 import threading
+import warnings
 
 import jax
 import jax.extend.core
@@ -123,7 +124,7 @@ class OutputLayout:
 
 
 class Plan:
-    __slots__ = ("entry", "name", "prog", "raw", "layout", "in_avals", "__weakref__")
+    __slots__ = ("entry", "name", "prog", "raw", "layout", "in_avals", "resize", "__weakref__")
 
     @property
     def out_specs(self) -> list:
@@ -151,16 +152,17 @@ def _mut_specs(e, args, kwargs) -> list:
 
 
 def _specs_from_meta(e, mout, margs, mkw, mut_specs):
-    # out= tensors that PyTorch would resize
-    for (name, pos, is_list), ms in zip(e.mut, mut_specs):
+    # out= tensors PyTorch resizes (``resize_output``: the meta kernel did it to the meta
+    # copies, with PyTorch's warning): their new specs replace the old in ``mut_specs``.
+    resize = []
+    for k, ((name, pos, is_list), ms) in enumerate(zip(e.mut, mut_specs)):
         ma = arg(margs, mkw, name, pos)
         if is_list or ma is None or ms is None:
             continue
         if tuple(ma.shape) != ms[0]:
-            raise RuntimeError(
-                f"lazyrt: {e.name}: the out= tensor of shape {list(ms[0])} would have to be "
-                f"resized to {list(ma.shape)}; resizing tpu tensors is not supported, pass an "
-                f"out= tensor of the right shape")
+            new = (tuple(ma.shape), tuple(ma.stride()), ms[2], ms[3])
+            mut_specs[k] = new
+            resize.append((name, pos, new))
     rets = mout if e.n_returns != 1 else (mout,)
     fresh, kinds = [], []
     for r, kind, alias in zip(rets if e.n_returns else (), e.ret_kinds, e.ret_alias):
@@ -173,7 +175,7 @@ def _specs_from_meta(e, mout, margs, mkw, mut_specs):
         else:
             fresh.append(r)
         kinds.append(kind)
-    return fresh, kinds
+    return fresh, kinds, tuple(resize) or None
 
 
 def _specs_from_lowering(e, call, vals, scal):
@@ -205,7 +207,13 @@ def _meta_or_none(e, args, kwargs):
     if e.op._schema.name in _META_STRICTER_THAN_CPU:
         return None
     try:
-        mout, margs, mkw = meta_run(e, args, kwargs)
+        if e.out_names:
+            # out= resizing: PyTorch's warning is the handler's, once per resize
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="An output with one or more elements")
+                mout, margs, mkw = meta_run(e, args, kwargs)
+        else:
+            mout, margs, mkw = meta_run(e, args, kwargs)
     except (NotImplementedError, AttributeError) as ex:
         # No meta kernel (or a broken one, e.g. an AttributeError on a None bias):
         # derive output shapes from the lowering itself.
@@ -240,8 +248,9 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
 
     mut_specs = _mut_specs(e, args, kwargs)
     meta = _meta_or_none(e, args, kwargs)
+    resize = None
     if meta is not None:
-        fresh, kinds = _specs_from_meta(e, *meta, mut_specs)
+        fresh, kinds, resize = _specs_from_meta(e, *meta, mut_specs)
     else:
         fresh, kinds = _specs_from_lowering(e, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
@@ -270,6 +279,8 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     plan.name = e.name
     plan.layout = layout
     plan.raw = raw
+    # out= tensors to resize before each write-back: ``(name, pos, new spec)``
+    plan.resize = resize
     plan.in_avals = tuple((tuple(v.shape), jnp.dtype(v.dtype)) for v in vals)
     desc = static_desc(tpl_args, tpl_kwargs)
     jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)

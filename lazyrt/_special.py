@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from . import _defer
-from ._handlers import functional, mutating
+from ._args import to_meta
+from ._handlers import functional, mutating, restride
 from ._ir import Pending
 from ._tensor import TpuTensor
 from ._values import concrete, from_cpu, host_to_device, to_cpu, to_host, write
@@ -151,11 +152,28 @@ def is_pinned(e, args, kwargs):
 
 
 def resize_(e, args, kwargs):
-    self, size = args[0], args[1]
-    if tuple(self.shape) == tuple(size):
+    """``t.resize_(size)``: PyTorch's checks and new strides (its meta kernel's), then the
+    storage reinterpreted at ``t``'s offset (``_handlers.restride``)."""
+    self, size = args[0], tuple(args[1])
+    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    m = to_meta(self).resize_(size, memory_format=fmt)
+    if tuple(m.shape) == tuple(self.shape) and tuple(m.stride()) == tuple(self.stride()):
         return self
-    raise RuntimeError(f"lazyrt: resizing a tpu tensor from {list(self.shape)} to {list(size)} "
-                       f"is not supported")
+    restride(self, tuple(m.shape), tuple(m.stride()))
+    return self
+
+
+def resize_as_(e, args, kwargs):
+    self, template = args[0], args[1]
+    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    resize_(e, (self, tuple(template.shape)), {})
+    if fmt is not None:
+        if fmt is torch.preserve_format:
+            fmt = torch._prims_common.suggest_memory_format(template)
+        stride = torch.empty(tuple(self.shape), memory_format=fmt, device="meta").stride()
+        if tuple(stride) != tuple(self.stride()):
+            restride(self, tuple(self.shape), tuple(stride))
+    return self
 
 
 def record_stream(e, args, kwargs):
@@ -190,6 +208,7 @@ SPECIAL = {
     aten.is_nonzero.default: is_nonzero,
     aten.is_pinned.default: is_pinned,
     aten.resize_.default: resize_,
+    aten.resize_as_.default: resize_as_,
     aten.record_stream.default: record_stream,
     aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),

@@ -5,8 +5,11 @@ import torch
 
 
 def to_tpu(x):
+    """``x`` on tpu; a CPU view keeps its layout: its whole storage moves and the tpu
+    tensor is the same strided view of it (sizes, strides, storage offset), as a sample
+    made on the device would be."""
     if isinstance(x, torch.Tensor):
-        t = x.detach().to("tpu")
+        t = _to_tpu_layout(x.detach())
         if x.requires_grad:
             t.requires_grad_(True)
         return t
@@ -17,6 +20,16 @@ def to_tpu(x):
     if isinstance(x, dict):
         return {k: to_tpu(v) for k, v in x.items()}
     return x
+
+
+def _to_tpu_layout(x):
+    if x.device.type != "cpu" or x.layout != torch.strided or x.numel() == 0:
+        return x.to("tpu")
+    n_storage = x.untyped_storage().nbytes() // x.element_size()
+    if x.is_contiguous() and x.storage_offset() == 0 and n_storage == x.numel():
+        return x.to("tpu")
+    flat = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (n_storage,), (1,))
+    return flat.to("tpu").as_strided(x.shape, x.stride(), x.storage_offset())
 
 
 def to_cpu(x):

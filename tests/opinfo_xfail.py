@@ -12,15 +12,6 @@ XFAIL = {
     "sparse.sampled_addmm": "sparse tensors are not supported on tpu",
     "to_sparse": "sparse tensors are not supported on tpu",
     "chalf": "complex32 is not a JAX dtype",
-    "resize_": "resizing a tpu tensor to another shape is not supported",
-    "resize_as_": "resizing a tpu tensor to another shape is not supported",
-    # semantics that differ by design
-    "_native_batch_norm_legit": "eval mode: CPU returns empty save_mean/save_invstd, PyTorch's meta kernel [C]; lazyrt follows meta",
-    "native_batch_norm": "eval mode: CPU returns empty save_mean/save_invstd, PyTorch's meta kernel [C]; lazyrt follows meta",
-    "svd_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
-    "pca_lowrank": "random projection drawn on the device: the tpu RNG stream differs from CPU's",
-    "linalg.eigh": "eigenvector signs differ between JAX's and PyTorch's LAPACK calls (eigenvalues match)",
-    "as_strided.partial_views": "as_strided over a non-contiguous base storage layout",
 }
 
 XFAIL_GRAD = {
@@ -33,23 +24,11 @@ XFAIL_GRAD = {
 XFAIL_DTYPE = {
     "matrix_exp@float32": "JAX expm (Pade 13) vs PyTorch (Taylor 18): one element rel 2.6e-3 on an input with entries ~1e5",
     "matrix_exp@bfloat16": "CPU's bfloat16 matrix_exp gives nan for these inputs (entries ~8, result ~1e5); lazyrt computes in float32",
-    "native_layer_norm@bfloat16": "CPU returns mean/rstd in bfloat16; PyTorch's meta kernel (and CUDA) in float32, which lazyrt follows",
-    "_batch_norm_with_update@bfloat16": "CPU returns save_mean/save_invstd in bfloat16; PyTorch's meta kernel (and CUDA) in float32, which lazyrt follows",
-    "sort@bfloat16": "8000 values in bfloat16 have many ties: the index order of ties under stable=False is CPU's implementation's (lazyrt's sort is stable); values match",
-    "argsort@bfloat16": "8000 values in bfloat16 have many ties: the index order of ties under stable=False is CPU's implementation's (lazyrt's sort is stable)",
-    "topk@bfloat16": "ties: which index of equal values CPU's partial sort returns is implementation-defined; values match",
-    "topk@int64": "ties: which index of equal values CPU's partial sort returns is implementation-defined; values match",
-    "kthvalue@int64": "ties: which index of equal values CPU's quickselect returns is implementation-defined; values match",
 }
 
 # Only with more samples than CI's default 2 (LAZYRT_OPINFO_SAMPLES=0 or > 2).
 XFAIL_ALL_SAMPLES = {
     "nn.functional.scaled_dot_product_attention": "a sample uses dropout_p=0.5: the tpu RNG stream differs from CPU's",
-    # Found by the all-samples sweep (LAZYRT_OPINFO_SAMPLES=0, 2026-11-29); present since
-    # before that session's changes (checked at commit d7f2909). Each raises at the op or
-    # differs in value on a later sample; none is reached by CI's first two samples.
-    "svd": "a later sample's singular vectors differ from CPU",
-    "linalg.svd": "a later sample's singular vectors differ from CPU",
 }
 
 # Gradients that fail only on a later sample (LAZYRT_OPINFO_GRAD_SAMPLES / _SAMPLES != 1).

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -63,6 +64,66 @@ def test_diagonal_and_as_strided_writes(mode):
         return x
 
     _both(f, torch.randn(4, 4))
+
+
+def _layout(t):
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def test_resize_keeps_storage_semantics(mode):
+    """``resize_`` reads the storage as C-contiguous at the tensor's offset: shrinking
+    keeps aliasing (writes are seen by the other views), growing keeps the old elements
+    first, and the sizes, strides and offsets are PyTorch's."""
+    def f(x):
+        row = x[1]
+        y = x.clone()[1:3]
+        x.resize_(10)
+        x.mul_(2)  # seen through ``row`` (same storage)
+        y.resize_(3, 30)  # needs 25 + 90 elements of a 125-element storage: fits
+        z = torch.arange(6.0, device=x.device).view(2, 3).t()
+        z.resize_(3, 2)  # a transposed view: its storage, row-major
+        w = torch.arange(4.0, device=x.device)
+        w.resize_(6)  # grows
+        v = torch.ones(2, 3, 4, 5, device=x.device)
+        v.resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+        layouts = [_layout(t) for t in (x, row, y, z, w, v)]
+        return x, row.clone(), y[:, :20], z, w[:4], layouts
+
+    _both(f, torch.randn(5, 5, 5))
+
+
+def test_resize_as_and_errors(mode):
+    x = torch.randn(2, 3, device="tpu")
+    torch.resize_as_(x, torch.empty(3, 2, device="tpu"))
+    assert x.shape == (3, 2) and x.stride() == (2, 1)
+    g = torch.ones(2, device="tpu", requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot resize variables that require grad"):
+        g.resize_(4)
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 40"):
+        torch.ones(10, device="tpu").as_strided((2, 2), (1, 2), 10)
+
+
+def test_out_tensor_of_another_shape_is_resized(mode):
+    """PyTorch's ``resize_output``: an out= tensor of another shape is resized (warning
+    when it had elements), whatever path the op takes."""
+    a, b = torch.randn(3, 4), torch.randn(4)
+    for dev in ("cpu", "tpu"):
+        empty = torch.empty(0, device=dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning for an empty out
+            torch.add(a.to(dev), b.to(dev), out=empty)
+        small = torch.ones(2, device=dev)
+        with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+            torch.mul(a.to(dev), 2, out=small)
+        vals, idx = torch.empty(1, device=dev), torch.empty(0, dtype=torch.long, device=dev)
+        torch.max(a.to(dev), 1, out=(vals, idx))
+        if dev == "cpu":
+            ref = (empty, small, vals, idx)
+        else:
+            got = (empty, small, vals, idx)
+    for t, r in zip(got, ref):
+        assert t.stride() == r.stride()
+        assert_close(t, r)
 
 
 def test_split_unbind_chunk_views(mode):
