@@ -176,6 +176,33 @@ def resize_as_(e, args, kwargs):
     return self
 
 
+def _set_check(self, src):
+    if src.dtype != self.dtype:
+        raise RuntimeError(f"Could not set tensor of type {_type_name(src.dtype)} to a tensor "
+                           f"of type {_type_name(self.dtype)}")
+    if not isinstance(src, TpuTensor):
+        raise RuntimeError(f"Expected a tpu tensor as the source of set_, got one on {src.device}")
+
+
+def _type_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def set_source(e, args, kwargs):
+    """``t.set_(src)``: ``t`` shares ``src``'s storage, sizes, strides and offset."""
+    self, src = args[0], args[1]
+    _set_check(self, src)
+    self._rebind(src)
+    return self
+
+
+def set_empty(e, args, kwargs):
+    """``t.set_()``: an empty tensor on a new storage."""
+    self = args[0]
+    self._rebind(aten.empty.memory_format([0], dtype=self.dtype, device=self.device))
+    return self
+
+
 def record_stream(e, args, kwargs):
     return None
 
@@ -210,6 +237,8 @@ SPECIAL = {
     aten.resize_.default: resize_,
     aten.resize_as_.default: resize_as_,
     aten.record_stream.default: record_stream,
+    aten.set_.source_Tensor: set_source,
+    aten.set_.default: set_empty,
     aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Scalar_Tensor: _scalars_read(aten.linspace.default, "linspace"),

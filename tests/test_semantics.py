@@ -103,6 +103,20 @@ def test_resize_as_and_errors(mode):
         torch.ones(10, device="tpu").as_strided((2, 2), (1, 2), 10)
 
 
+def test_set_shares_the_source_storage(mode):
+    def f(x):
+        y = torch.zeros(3, device=x.device)
+        y.set_(x)
+        y.add_(1)  # seen through x
+        w = torch.ones(2, device=x.device)
+        w.set_()
+        return y, _layout(y), _layout(w)
+
+    _both(f, torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match="Could not set tensor of type double to a tensor of type float"):
+        torch.zeros(2, device="tpu").set_(torch.zeros(2, dtype=torch.float64, device="tpu"))
+
+
 def test_out_tensor_of_another_shape_is_resized(mode):
     """PyTorch's ``resize_output``: an out= tensor of another shape is resized (warning
     when it had elements), whatever path the op takes."""
