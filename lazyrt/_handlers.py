@@ -122,7 +122,8 @@ def _check_storage_bounds(base, args, kwargs) -> None:
         return
     item = base.element_size()
     need = (1 + sum((n - 1) * s for n, s in zip(size, stride)) + off) * item
-    have = math.prod(base._st.value.shape) * item
+    value = base._st.value
+    have = math.prod(value.shape) * jnp.dtype(value.dtype).itemsize
     if need > have:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, "
