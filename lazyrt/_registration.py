@@ -1,5 +1,5 @@
 """What lazyrt registers with PyTorch through its public APIs, done once by ``install``:
-PrivateUse1 kernels for factory ops and ``_copy_from``, the SDPA routing kernel on
+PrivateUse1 kernels for factory ops and ``_copy_from``, ``pin_memory`` for tpu on the CPU, the SDPA routing kernel on
 AutogradPrivateUse1, autocast's policy, the optimizer-step sync point, the ``torch.tpu``
 module's API, and the monkeypatches of ``_patches``. Around an optimizer step that
 creates state, constant ops run at once in defer mode (``_defer.set_eager_consts``).
@@ -43,6 +43,19 @@ def _copy_from(self, dst, non_blocking=False):
     return dst
 
 
+_PIN_DEFAULT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _pin_memory_cpu(self, device=None):
+    # ``pin_memory()`` (``DataLoader(pin_memory=True)``) pins for the current accelerator,
+    # tpu, whose Python hooks cannot hand PyTorch a pinned allocator: pinned memory means
+    # nothing to a transfer into JAX (``device_put`` copies from any host buffer), so a
+    # tpu "pinned" tensor is a plain contiguous CPU copy, as pin_memory returns a copy.
+    if device is None or torch.device(device).type == "tpu":
+        return self.clone(memory_format=torch.contiguous_format)
+    return aten._pin_memory.default.redispatch(_PIN_DEFAULT, self, device)
+
+
 def _creates_state(optimizer) -> bool:
     """Whether this step will create optimizer state (a parameter with a gradient and no
     state yet): true of a training loop's first step."""
@@ -81,6 +94,7 @@ def install() -> None:
         except RuntimeError:
             pass
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_pin_memory", _pin_memory_cpu, "CPU")
     lib.impl("scaled_dot_product_attention", _pallas.sdpa_autograd_kernel, "AutogradPrivateUse1")
     _LIBS.append(lib)
     import torch.optim.optimizer as optim_mod

@@ -196,6 +196,13 @@ def set_source(e, args, kwargs):
     return self
 
 
+def is_set_to(e, args, kwargs):
+    """Whether both tensors are the same storage, offset, sizes and strides."""
+    a, b = args[0], args[1]
+    return (isinstance(b, TpuTensor) and a._st is b._st and a._spec == b._spec
+            and a._chain == b._chain)
+
+
 def set_empty(e, args, kwargs):
     """``t.set_()``: an empty tensor on a new storage."""
     self = args[0]
@@ -239,6 +246,7 @@ SPECIAL = {
     aten.record_stream.default: record_stream,
     aten.set_.source_Tensor: set_source,
     aten.set_.default: set_empty,
+    aten.is_set_to.default: is_set_to,
     aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Scalar_Tensor: _scalars_read(aten.linspace.default, "linspace"),

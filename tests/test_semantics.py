@@ -113,6 +113,9 @@ def test_set_shares_the_source_storage(mode):
         return y, _layout(y), _layout(w)
 
     _both(f, torch.randn(2, 3))
+    x = torch.randn(3, device="tpu")
+    y = torch.zeros(1, device="tpu").set_(x)
+    assert y.is_set_to(x) and not y.is_set_to(x.clone()) and not x[1:].is_set_to(x)
     with pytest.raises(RuntimeError, match="Could not set tensor of type double to a tensor of type float"):
         torch.zeros(2, device="tpu").set_(torch.zeros(2, dtype=torch.float64, device="tpu"))
 
@@ -341,6 +344,20 @@ def test_data_dependent_ops(mode):
 
 
 # ---- device API, modes, printing ------------------------------------------------------------
+
+
+def test_dataloader_pin_memory_feeds_tpu(mode):
+    """``DataLoader(pin_memory=True)``, as CUDA pipelines write it, pins for the current
+    accelerator (tpu): batches come as CPU copies and move to tpu."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = torch.randn(8, 3)
+    got = [xb.to("tpu", non_blocking=True) for xb, _ in
+           DataLoader(TensorDataset(data, torch.arange(8)), batch_size=4, pin_memory=True)]
+    assert_close(torch.cat(got).cpu(), data)
+    x = torch.randn(5)
+    p = x.pin_memory()
+    assert p.device.type == "cpu" and p.data_ptr() != x.data_ptr() and torch.equal(p, x)
 
 
 def test_device_module_api():
