@@ -360,6 +360,40 @@ def test_dataloader_pin_memory_feeds_tpu(mode):
     assert p.device.type == "cpu" and p.data_ptr() != x.data_ptr() and torch.equal(p, x)
 
 
+def test_grad_scaler_matches_cpu(mode):
+    """``torch.amp.GradScaler("tpu")`` as CUDA scripts use it: unscale, skip the step on
+    an inf, back off, grow after ``growth_interval`` clean steps; same scales and
+    parameters as on the CPU."""
+    import copy
+
+    torch.manual_seed(0)
+    models = {"cpu": torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                         torch.nn.Linear(8, 2))}
+    models["tpu"] = copy.deepcopy(models["cpu"]).to("tpu")
+    got = {}
+    for dev, m in models.items():
+        scaler = torch.amp.GradScaler(dev, init_scale=2.0 ** 16, growth_interval=2)
+        opt = torch.optim.SGD(m.parameters(), 0.1)
+        scales = []
+        for step in range(6):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step)).to(dev)
+            if step == 3:
+                x[0, 0] = float("inf")
+            opt.zero_grad()
+            scaler.scale(m(x).sum()).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        got[dev] = scales, [p.detach() for p in m.parameters()]
+    scales = got["cpu"][0]
+    assert got["tpu"][0] == scales
+    assert any(b < a for a, b in zip(scales, scales[1:]))  # a back-off
+    assert any(b > a for a, b in zip(scales, scales[1:]))  # a growth
+    assert_close(got["tpu"][1], got["cpu"][1])
+
+
 def test_device_module_api():
     assert torch.tpu.is_available() and torch.tpu.device_count() == 1
     assert torch.tpu.current_device() == 0

@@ -153,3 +153,32 @@ def fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
                  beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
     return _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=True)
+
+
+# ---- torch.amp.GradScaler ----------------------------------------------------------------
+
+@lower(aten._amp_foreach_non_finite_check_and_unscale.default)
+def _amp_unscale(self, found_inf, inv_scale):
+    """Each gradient times ``inv_scale`` (in float32, as CUDA's kernel); ``found_inf`` set
+    to 1 when any gradient has an inf or nan."""
+    bad = jnp.zeros((), bool)
+    outs = []
+    for g in self:
+        bad = bad | ~jnp.all(jnp.isfinite(g))
+        outs.append((g.astype(jnp.float32) * inv_scale.astype(jnp.float32)).astype(g.dtype))
+    return outs, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+@lower(aten._amp_update_scale.default)
+def _amp_update_scale(self, growth_tracker, found_inf, scale_growth_factor,
+                      scale_backoff_factor, growth_interval):
+    """GradScaler's scale update: back off on inf/nan (tracker reset), grow after
+    ``growth_interval`` clean steps when the grown scale is finite."""
+    inf = found_inf.reshape(()) > 0
+    tracker = growth_tracker.reshape(()) + 1
+    grow = tracker >= growth_interval
+    grown = self * scale_growth_factor
+    clean = jnp.where(grow & jnp.isfinite(grown).reshape(()), grown, self)
+    scale = jnp.where(inf, self * scale_backoff_factor, clean).astype(self.dtype)
+    new_tracker = jnp.where(inf | grow, 0, tracker).astype(growth_tracker.dtype)
+    return scale, new_tracker.reshape(growth_tracker.shape)
