@@ -46,6 +46,37 @@ def _fast_dispatch_rule_lookup() -> None:
     sr.find_torch_dispatch_rule = find_torch_dispatch_rule
 
 
+def _tpu_generators() -> None:
+    """``torch.Generator``: ``torch.Generator(device="tpu")`` must give a tpu generator,
+    and PyTorch makes device generators only through C++ hooks a Python backend cannot
+    fill (``getNewGenerator``). The name now refers to a subclass whose constructor makes
+    ``_rng.Generator`` for tpu and PyTorch's own generator otherwise; ``isinstance`` and
+    ``issubclass`` against it answer as for ``torch._C.Generator``."""
+    from . import _rng
+
+    base = torch._C.Generator
+    if torch.Generator is not base:
+        return
+
+    class _Meta(type(base)):
+        def __call__(cls, device=None):
+            if device is not None and torch.device(device).type == "tpu":
+                return _rng.Generator()
+            return base() if device is None else base(device)
+
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, base)
+
+    class Generator(base, metaclass=_Meta):
+        __doc__ = base.__doc__
+
+    Generator.__module__, Generator.__qualname__ = "torch", "Generator"
+    torch.Generator = Generator
+
+
 def _matmul_precision() -> None:
     """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
     traced and compiled plans bake it in, so a change flushes pending work first (it was
@@ -122,7 +153,8 @@ def _compile_picks_tpu() -> None:
 
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
-           _keep_tied_parameters, _foreach_for_tpu_parameters, _compile_picks_tpu)
+           _keep_tied_parameters, _foreach_for_tpu_parameters, _compile_picks_tpu,
+           _tpu_generators)
 
 
 def install_dynamo() -> None:

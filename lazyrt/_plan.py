@@ -135,8 +135,8 @@ def meta_run(e, args, kwargs):
     """Run the op's meta kernel on meta copies of the arguments."""
     margs = to_meta(list(args))
     mkw = {k: to_meta(v) for k, v in kwargs.items()}
-    if e.random:
-        mkw.pop("generator", None)
+    if e.random and "generator" in mkw:
+        mkw["generator"] = None
     return e.op(*margs, **mkw), margs, mkw
 
 
@@ -338,5 +338,5 @@ def plan_for(e, args, kwargs):
         plan = make_plan(e, args, kwargs, vals, scal)
         remember(e.plans, key, plan)
     if e.random:
-        scal.append(_rng.next_seed())
+        scal.append(_rng.seed_for(kwargs.get("generator")) if kwargs else _rng.next_seed())
     return plan, vals, scal

@@ -22,7 +22,8 @@ FACTORIES = [
     "arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye", "eye.m",
     "rand", "randn", "randint", "randint.low", "randperm", "tril_indices", "triu_indices",
     "_efficientzerotensor", "empty.names", "zeros.names", "ones.names", "full.names",
-    "rand.names", "randn.names",
+    "rand.names", "randn.names", "rand.generator", "randn.generator", "randint.generator",
+    "randint.low_generator", "randperm.generator",
 ]
 
 _LIBS: list = []

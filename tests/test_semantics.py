@@ -242,6 +242,52 @@ def test_manual_seed_reproducible(mode):
     assert torch.equal(e, torch.rand(10, device="tpu").cpu())
 
 
+def _draws(gen=None):
+    kw = {} if gen is None else {"generator": gen}
+    x = torch.empty(50, device="tpu")
+    return [t.cpu() for t in (torch.randn(100, device="tpu", **kw), torch.rand(7, 3, device="tpu", **kw),
+                              torch.randint(0, 9, (20,), device="tpu", **kw),
+                              torch.randperm(30, device="tpu", **kw), x.normal_(**kw),
+                              x.uniform_(**kw), x.bernoulli_(0.3, **kw),
+                              torch.multinomial(torch.ones(10, device="tpu"), 4, **kw))]
+
+
+def test_strict_and_defer_draw_the_same_values():
+    """The same seed gives the same random values in both modes."""
+    got = {}
+    for mode in ("strict", "defer"):
+        with lazyrt.set_mode(mode):
+            torch.manual_seed(7)
+            got[mode] = _draws() + [F.dropout(torch.ones(64, device="tpu"), 0.5).cpu()]
+            got[mode] += _draws(torch.Generator(device="tpu").manual_seed(3))
+    for a, b in zip(got["strict"], got["defer"]):
+        assert torch.equal(a, b)
+
+
+def test_tpu_generator(mode):
+    """``torch.Generator(device="tpu")``: a stream of its own, reproducible by seed and by
+    state, independent of the default one; a CPU generator on a tpu op is PyTorch's error."""
+    g = torch.Generator(device="tpu")
+    assert isinstance(g, torch.Generator) and g.device == torch.device("tpu", 0)
+    assert isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator().device.type == "cpu"
+    g.manual_seed(11)
+    torch.manual_seed(0)
+    a = _draws(g)
+    torch.manual_seed(1)  # the default stream does not matter
+    g.manual_seed(11)
+    b = _draws(g)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    state = g.get_state()
+    c = _draws(g)
+    assert not torch.equal(c[0], a[0])
+    g.set_state(state)
+    assert all(torch.equal(x, y) for x, y in zip(c, _draws(g)))
+    assert g.initial_seed() == 11
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
+        torch.randn(3, device="tpu", generator=torch.Generator())
+
+
 def test_random_distributions(mode):
     torch.manual_seed(0)
     n = 200_000
