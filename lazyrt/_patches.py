@@ -77,6 +77,37 @@ def _tpu_generators() -> None:
     torch.Generator = Generator
 
 
+# torch.accelerator's device-generic calls and the torch.tpu calls that answer them
+_ACCELERATOR_ROUTES = {
+    "synchronize": lambda device=None: torch.tpu.synchronize(),
+    "empty_cache": lambda: torch.tpu.empty_cache(),
+    "memory_allocated": lambda device_index=None: torch.tpu.memory_allocated(),
+    "max_memory_allocated": lambda device_index=None: torch.tpu.max_memory_allocated(),
+    # no caching allocator in front of XLA's: what is reserved is what is allocated
+    "memory_reserved": lambda device_index=None: torch.tpu.memory_allocated(),
+    "max_memory_reserved": lambda device_index=None: torch.tpu.max_memory_allocated(),
+    "memory_stats": lambda device_index=None: torch.tpu.memory_stats(),
+    "reset_peak_memory_stats": lambda device_index=None: torch.tpu.reset_peak_memory_stats(),
+    "reset_accumulated_memory_stats": lambda device_index=None: None,
+}
+
+
+def _accelerator_api() -> None:
+    """``torch.accelerator.synchronize`` and its memory calls (``torch.accelerator`` and
+    ``torch.accelerator.memory``), which device-generic code calls: they go to C++ device
+    guard and allocator hooks a Python backend cannot fill (torch 2.13 raises "Backend
+    doesn't support synchronizing all streams on device" or an internal assert about
+    ``device_allocator``), so with tpu the current accelerator they are torch.tpu's."""
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    for name, fn in _ACCELERATOR_ROUTES.items():
+        fn.__name__ = fn.__qualname__ = name
+        for mod in (acc, accmem):
+            if hasattr(mod, name):
+                setattr(mod, name, fn)
+
+
 def _matmul_precision() -> None:
     """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
     traced and compiled plans bake it in, so a change flushes pending work first (it was
@@ -154,7 +185,7 @@ def _compile_picks_tpu() -> None:
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_tied_parameters, _foreach_for_tpu_parameters, _compile_picks_tpu,
-           _tpu_generators)
+           _tpu_generators, _accelerator_api)
 
 
 def install_dynamo() -> None:

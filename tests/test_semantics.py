@@ -453,6 +453,22 @@ def test_device_module_api():
     assert torch.zeros(2, device="tpu").device == torch.device("tpu", 0)
 
 
+def test_torch_accelerator_api(mode):
+    """Device-generic code's ``torch.accelerator`` calls work with tpu as the accelerator."""
+    acc = torch.accelerator
+    assert acc.current_accelerator() == torch.device("tpu") and acc.device_count() == 1
+    acc.reset_peak_memory_stats()
+    before = acc.memory_allocated()
+    x = torch.ones(1000, device="tpu") * 2
+    acc.synchronize()
+    assert acc.memory_allocated() >= before + 4000
+    assert acc.max_memory_allocated() >= acc.memory_allocated()
+    assert acc.memory.memory_reserved() == acc.memory_allocated()
+    assert acc.memory_stats()["allocated_bytes.all.current"] == acc.memory_allocated()
+    del x
+    acc.empty_cache()
+
+
 def test_modes_api():
     assert lazyrt.get_mode() in ("strict", "debug", "defer")
     with lazyrt.set_mode("defer"):

@@ -143,6 +143,9 @@ def test_patched_torch_attributes_still_exist():
     assert sr.find_torch_dispatch_rule.__module__ == "lazyrt._patches"
     assert torch.set_float32_matmul_precision.__module__ == "lazyrt._patches"
     assert torch.nn.Module._apply.__module__ == "lazyrt._patches"
+    assert torch.accelerator.synchronize.__module__ == "lazyrt._patches"
+    assert torch.accelerator.memory.memory_allocated.__module__ == "lazyrt._patches"
+    assert torch.Generator is not torch._C.Generator
     assert lazyrt_tensor() in optim_mod._foreach_supported_types
 
 
