@@ -108,6 +108,58 @@ def _accelerator_api() -> None:
                 setattr(mod, name, fn)
 
 
+def _is_tpu_location(loc) -> bool:
+    if isinstance(loc, str):
+        return loc == "tpu" or loc.startswith("tpu:")
+    return isinstance(loc, torch.device) and loc.type == "tpu"
+
+
+def _tree_to_tpu(obj, memo: dict):
+    """``obj`` (what ``torch.load`` returned) with every tensor moved to tpu: parameters
+    stay parameters, ``requires_grad`` is kept, a tensor met twice moves once."""
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in memo:
+            t = obj.detach().to("tpu")
+            if isinstance(obj, torch.nn.Parameter):
+                t = torch.nn.Parameter(t, requires_grad=obj.requires_grad)
+            elif obj.requires_grad:
+                t.requires_grad_(True)
+            memo[id(obj)] = t
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        out = type(obj)() if type(obj) is not dict else {}
+        for k, v in obj.items():
+            out[k] = _tree_to_tpu(v, memo)
+        if hasattr(obj, "_metadata"):  # a state_dict's OrderedDict
+            out._metadata = obj._metadata
+        return out
+    if isinstance(obj, list):
+        return [_tree_to_tpu(v, memo) for v in obj]
+    if isinstance(obj, tuple):
+        items = [_tree_to_tpu(v, memo) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
+
+
+def _load_to_tpu() -> None:
+    """``torch.load`` (and ``torch.serialization.load``): ``map_location="tpu"`` (or a
+    tpu ``torch.device``) moves *storages* to the device and rebuilds each tensor on its
+    storage (``set_``), and a tpu tensor has no byte storage; so such a load reads onto
+    the CPU and moves each tensor to tpu."""
+    import torch.serialization as ser
+
+    orig = ser.load
+
+    @functools.wraps(orig)
+    def load(f, map_location=None, *args, **kwargs):
+        if not _is_tpu_location(map_location):
+            return orig(f, map_location, *args, **kwargs)
+        return _tree_to_tpu(orig(f, "cpu", *args, **kwargs), {})
+
+    ser.load = load
+    torch.load = load
+
+
 def _matmul_precision() -> None:
     """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
     traced and compiled plans bake it in, so a change flushes pending work first (it was
@@ -185,7 +237,7 @@ def _compile_picks_tpu() -> None:
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_tied_parameters, _foreach_for_tpu_parameters, _compile_picks_tpu,
-           _tpu_generators, _accelerator_api)
+           _tpu_generators, _accelerator_api, _load_to_tpu)
 
 
 def install_dynamo() -> None:

@@ -609,3 +609,28 @@ def test_save_and_load_state_dict(tmp_path):
     m2 = copy.deepcopy(m)
     assert isinstance(m2.weight, torch.nn.Parameter) and m2.weight.device.type == "tpu"
     assert torch.equal(m2.weight.detach().cpu(), m.weight.detach().cpu())
+
+
+def test_load_checkpoint_with_map_location_tpu(tmp_path):
+    """``torch.load(ckpt, map_location="tpu")``, as CUDA scripts load checkpoints: a CPU
+    checkpoint of a model, its optimizer and plain values comes back on tpu and resumes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": 3,
+                "shared": [model[0].weight] * 2}, path)
+    for loc in ("tpu", torch.device("tpu", 0)):
+        ck = torch.load(path, map_location=loc)
+        assert ck["epoch"] == 3 and type(ck["model"]) is type(model.state_dict())
+        assert all(v.device.type == "tpu" for v in ck["model"].values())
+        assert ck["shared"][0] is ck["shared"][1] and isinstance(ck["shared"][0], torch.nn.Parameter)
+        resumed = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).to("tpu")
+        resumed.load_state_dict(ck["model"])
+        opt2 = torch.optim.AdamW(resumed.parameters())
+        opt2.load_state_dict(ck["opt"])
+        assert opt2.state[resumed[0].weight]["exp_avg"].device.type == "tpu"
+        for k, v in model.state_dict().items():
+            assert_close(resumed.state_dict()[k], v)
