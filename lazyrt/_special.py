@@ -210,6 +210,16 @@ def set_empty(e, args, kwargs):
     return self
 
 
+def det_of_strided(e, args, kwargs):
+    """``_linalg_det``/``_linalg_slogdet`` of a non-contiguous real tensor: PyTorch factors
+    A itself there (A^T when contiguous, which the lowering does), so the lowering gets the
+    transposed view; the determinant is the same."""
+    a = args[0]
+    if not a.is_contiguous() and not a.is_complex() and a.dim() >= 2:
+        return functional(e, (aten.transpose.int(a, -2, -1),) + tuple(args[1:]), kwargs)
+    return functional(e, args, kwargs)
+
+
 def record_stream(e, args, kwargs):
     return None
 
@@ -247,6 +257,8 @@ SPECIAL = {
     aten.set_.source_Tensor: set_source,
     aten.set_.default: set_empty,
     aten.is_set_to.default: is_set_to,
+    aten._linalg_det.default: det_of_strided,
+    aten._linalg_slogdet.default: det_of_strided,
     aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Scalar_Tensor: _scalars_read(aten.linspace.default, "linspace"),

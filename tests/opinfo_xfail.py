@@ -27,9 +27,7 @@ XFAIL_DTYPE = {
 }
 
 # Only with more samples than CI's default 2 (LAZYRT_OPINFO_SAMPLES=0 or > 2).
-XFAIL_ALL_SAMPLES = {
-    "nn.functional.scaled_dot_product_attention": "a sample uses dropout_p=0.5: the tpu RNG stream differs from CPU's",
-}
+XFAIL_ALL_SAMPLES: dict = {}
 
 # Gradients that fail only on a later sample (LAZYRT_OPINFO_GRAD_SAMPLES / _SAMPLES != 1).
 XFAIL_GRAD_ALL_SAMPLES = {

@@ -30,7 +30,8 @@ import lazyrt
 MAX_SAMPLES = int(os.environ.get("LAZYRT_OPINFO_SAMPLES", "2"))
 DTYPES = [getattr(torch, d) for d in os.environ.get("LAZYRT_OPINFO_DTYPES", "float32").split(",")]
 
-# Ops whose values are random: compare shapes and dtypes only.
+# Ops whose values are random: compare shapes and dtypes only (so are the samples of
+# ``_random_sample``; their gradients are not compared).
 RANDOM_OPS = {
     "bernoulli", "normal", "normal.number_mean", "rand_like", "randn_like", "randint_like",
     "randint", "multinomial", "nn.functional.dropout", "nn.functional.dropout2d",
@@ -44,9 +45,18 @@ RANDOM_OPS = {
     # offsets in tests/test_lowerings_extra.py)
     "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
 }
+
+
+def _random_sample(sample) -> bool:
+    """A sample of a deterministic op that draws random numbers (SDPA with dropout)."""
+    return bool(sample.kwargs.get("dropout_p"))
+
+
 # Tolerances per op (fp32) where XLA's math differs from PyTorch's within reason.
 TOL = {
     "default": (1e-4, 1e-5),
+    # PyTorch's own OpInfo tolerance for float32 (toleranceOverride atol=5e-5, TestCommon)
+    "nn.functional.scaled_dot_product_attention": (1e-4, 5e-5),
 }
 
 
@@ -336,6 +346,8 @@ def test_opinfo_grad(op, mode):
     for n, sample in enumerate(op.sample_inputs("cpu", torch.float32, requires_grad=True)):
         if GRAD_SAMPLES and n >= GRAD_SAMPLES:
             break
+        if _random_sample(sample):
+            continue
         try:
             checked += _check_grad_sample(op, sample, mode)
         except Exception as e:
@@ -383,5 +395,5 @@ def test_opinfo(op, dtype, mode):
                 _compare_ties(oid, sample, actual, expected, rtol, atol)
             else:
                 assert_close(actual, to_cpu(expected), rtol=rtol, atol=atol,
-                             check_values=check_values)
+                             check_values=check_values and not _random_sample(sample))
     assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0

@@ -211,15 +211,23 @@ def _det_parts(A):
     return lu, piv, d, parity
 
 
+def _det_input(A):
+    # NOTE: PyTorch's kernels factor A^T when A is contiguous and real (an F-contiguous
+    # view, no copy), and det's/slogdet's backward relies on it (``use_A_T``: it solves
+    # with the factors without ``adjoint``). A tpu tensor is contiguous here; a strided one
+    # comes in transposed (``_special.det_of_strided``), so the factors are A's own.
+    return A if jnp.iscomplexobj(A) else _mT(A)
+
+
 @lower(aten._linalg_det.default)
 def _linalg_det(A):
-    lu, piv, d, parity = _det_parts(A)
+    lu, piv, d, parity = _det_parts(_det_input(A))
     return parity * jnp.prod(d, axis=-1), lu, piv
 
 
 @lower(aten._linalg_slogdet.default)
 def _linalg_slogdet(A):
-    lu, piv, d, parity = _det_parts(A)
+    lu, piv, d, parity = _det_parts(_det_input(A))
     absd = jnp.abs(d)
     sgn = parity * jnp.prod(d / jnp.where(absd == 0, 1, absd), axis=-1)
     logabs = jnp.sum(jnp.log(absd), axis=-1)
