@@ -220,6 +220,39 @@ def det_of_strided(e, args, kwargs):
     return functional(e, args, kwargs)
 
 
+def pack_padded_sequence(e, args, kwargs):
+    """``_pack_padded_sequence`` as ATen's kernel: the rows of each time step that are
+    still running, step after step; ``batch_sizes`` on the CPU (it is read on the host,
+    by the RNN kernels and ``pad_packed_sequence``)."""
+    inp, lengths, batch_first = args[0], args[1], args[2]
+    x = aten.transpose.int(inp, 0, 1) if batch_first else inp
+    lens = (to_cpu(lengths) if isinstance(lengths, TpuTensor) else lengths).tolist()
+    batch = x.shape[1]
+    if x.numel() == 0:
+        raise RuntimeError("Cannot pack empty tensors.")
+    if len(lens) != batch:
+        raise RuntimeError(f"Expected `len(lengths)` to be equal to batch_size, but got "
+                           f"{len(lens)} (batch_size={batch})")
+    if lens[-1] <= 0:
+        raise RuntimeError("Length of all samples has to be greater than 0, but found an "
+                           "element in 'lengths' that is <= 0")
+    if any(a < b for a, b in zip(lens, lens[1:])):
+        raise RuntimeError(
+            "`lengths` array must be sorted in decreasing order when `enforce_sorted` is "
+            "True. You can pass `enforce_sorted=False` to pack_padded_sequence and/or "
+            "pack_sequence to sidestep this requirement if you do not need ONNX "
+            "exportability.")
+    steps, sizes, prev = [], [], 0
+    for i in range(batch):
+        n = lens[batch - 1 - i]
+        if n > prev:
+            block = aten.slice.Tensor(aten.slice.Tensor(x, 0, prev, n), 1, 0, batch - i)
+            steps.append(aten.reshape.default(block, [-1, *x.shape[2:]]))
+            sizes += [batch - i] * (n - prev)
+            prev = n
+    return aten.cat.default(steps), torch.tensor(sizes, dtype=torch.int64)
+
+
 def record_stream(e, args, kwargs):
     return None
 
@@ -258,6 +291,7 @@ SPECIAL = {
     aten.set_.default: set_empty,
     aten.is_set_to.default: is_set_to,
     aten._linalg_det.default: det_of_strided,
+    aten._pack_padded_sequence.default: pack_padded_sequence,
     aten._linalg_slogdet.default: det_of_strided,
     aten.linspace.Tensor_Tensor: _scalars_read(aten.linspace.default, "linspace"),
     aten.linspace.Tensor_Scalar: _scalars_read(aten.linspace.default, "linspace"),

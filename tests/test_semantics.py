@@ -444,6 +444,36 @@ def test_grad_scaler_matches_cpu(mode):
     assert any(b > a for a, b in zip(scales, scales[1:]))  # a growth
 
 
+def test_packed_sequences_through_rnns(mode):
+    """``pack_padded_sequence`` (sorted or not) through an LSTM and a GRU, and back with
+    ``pad_packed_sequence``: outputs, final states and every gradient as on the CPU."""
+    import copy
+
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    torch.manual_seed(0)
+    nets = [torch.nn.LSTM(4, 5, batch_first=True, num_layers=2),
+            torch.nn.GRU(4, 5, batch_first=True, bidirectional=True)]
+    x = torch.randn(3, 6, 4)
+    cases = ((torch.tensor([6, 4, 2]), True), (torch.tensor([2, 6, 5]), False))
+    for net, (lengths, enforce) in zip(nets, cases):
+        got = []
+        for dev in ("cpu", "tpu"):
+            m = copy.deepcopy(net).to(dev)
+            xi = x.to(dev).clone().requires_grad_(True)
+            packed = pack_padded_sequence(xi, lengths, batch_first=True, enforce_sorted=enforce)
+            assert packed.batch_sizes.device.type == "cpu"
+            out, h = m(packed)
+            out, out_len = pad_packed_sequence(out, batch_first=True)
+            h = h[0] if isinstance(h, tuple) else h
+            (out.sum() + h.pow(2).sum()).backward()
+            got.append([out, h, out_len, xi.grad] + [p.grad for p in m.parameters()])
+        for a, b in zip(got[1], got[0]):
+            assert_close(a, b)
+    with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+        pack_padded_sequence(x.to("tpu"), torch.tensor([2, 6, 5]), batch_first=True)
+
+
 def test_device_module_api():
     assert torch.tpu.is_available() and torch.tpu.device_count() == 1
     assert torch.tpu.current_device() == 0
