@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._tensor import TpuTensor
+from ._tensor import TpuTensor, storage_extent
 from ._values import host_to_device
 from ._views import apply_chain, chain_text
 
@@ -159,8 +159,7 @@ def to_meta(a):
                 return torch.empty((), dtype=dtype, device=_META)
         if off == 0:
             return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
-        extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride) if s > 0)
-        base = torch.empty(off + extent, dtype=dtype, device=_META)
+        base = torch.empty(off + storage_extent(shape, stride), dtype=dtype, device=_META)
         return base.as_strided(shape, stride, off)
     if type(a) is list:
         return [to_meta(x) for x in a]

@@ -25,7 +25,7 @@ from . import _dtypes, _fallback, _values, memory
 from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
-from ._tensor import TpuTensor, contiguous_spec, contiguous_strides
+from ._tensor import TpuTensor, contiguous_spec, contiguous_strides, storage_extent
 from ._values import new_tensor, run, write
 from .metrics import COUNTERS
 
@@ -121,7 +121,7 @@ def _check_storage_bounds(base, args, kwargs) -> None:
     if not all(type(x) is int for x in (*size, *stride, off)) or 0 in size:
         return
     item = base.element_size()
-    need = (1 + sum((n - 1) * s for n, s in zip(size, stride)) + off) * item
+    need = (storage_extent(size, stride) + off) * item
     value = base._st.value
     have = math.prod(value.shape) * jnp.dtype(value.dtype).itemsize
     if need > have:
@@ -236,7 +236,7 @@ def restride(t: TpuTensor, shape: tuple, stride: tuple) -> None:
             f"lazyrt: resizing a {t.dtype} view of a {root_dtype} storage is not supported")
     off = t._spec[3]
     numel = math.prod(shape)
-    need = off + 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if numel else 0
+    need = off + storage_extent(shape, stride) if numel else 0
     if t._chain is None and t._spec[1] != contiguous_strides(t._spec[0]) and t.dim() > 1:
         # a base in another layout: its storage order is its strides' order
         order = sorted(range(t.dim()), key=lambda d: -t._spec[1][d])

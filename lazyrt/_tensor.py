@@ -36,6 +36,14 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(out))
 
 
+def storage_extent(shape, stride) -> int:
+    """Elements of storage a strided view spans from its offset (PyTorch's
+    ``computeStorageNbytes`` in elements: 0 for an empty view)."""
+    if 0 in shape:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
 def contiguous_spec(shape, dtype: torch.dtype) -> tuple:
     """The spec (shape, strides, dtype, storage offset) of a fresh contiguous tensor."""
     shape = tuple(shape)
