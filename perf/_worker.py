@@ -37,12 +37,13 @@ def lazyrt_mode(mode: str) -> tuple[str, int | None]:
     return COMPILED.get(mode, mode), None
 
 
-def _run_jax_floor(workload: str, steps: int, warmup: int) -> dict:
+def _run_jax_floor(workload: str, steps: int, warmup: int, variant: str | None) -> dict:
     from . import jax_floor
 
-    if workload not in jax_floor.SETUPS:
-        raise ValueError(f"{workload}: no plain-JAX floor (only {sorted(jax_floor.SETUPS)})")
-    ms, steps_ms, losses = jax_floor.run(workload, steps, warmup, per_step=True)
+    if workload not in jax_floor.FLOORS:
+        raise ValueError(f"{workload}: no plain-JAX floor (only {sorted(jax_floor.FLOORS)})")
+    ms, steps_ms, losses = jax_floor.run(workload, steps, warmup, per_step=True,
+                                         variant=variant)
     return {"workload": workload, "mode": "jax", "device": "jax", "steps": steps,
             "warmup": warmup, "median_ms": ms, "step_ms": steps_ms, "min_ms": min(steps_ms),
             "losses": [], "jax_losses": losses[:8], "ok": True,
@@ -70,7 +71,7 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     from .workloads import WORKLOADS
 
     if mode == "jax":
-        return _run_jax_floor(workload, steps, warmup)
+        return _run_jax_floor(workload, steps, warmup, variant)
     device = "cpu" if mode in REFERENCE else "tpu"
     lazyrt = None
     base_mode, window = lazyrt_mode(mode)

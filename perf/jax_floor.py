@@ -1,9 +1,10 @@
-"""The "floor": the perf suite's MLP and GPT training steps written in plain JAX and jitted
-whole (forward, backward and AdamW in one executable, parameters donated), so there is no
-per-op overhead at all. Same shapes as ``workloads.py``; different random numbers, so the
-losses are not compared.
+"""The "floor": the perf suite's workloads written in plain JAX and jitted whole, so there is
+no per-op overhead at all: the MLP and GPT training steps (forward, backward and AdamW in
+one executable, parameters donated), the GPT forward (``gpt_infer``) and causal attention's
+forward and backward at each of the suite's shapes (``attention``, ``--variant``). Same
+shapes as ``workloads.py``; different random numbers, so the losses are not compared.
 
-    python -m perf.jax_floor [--steps 10] [--warmup 3] [--only mlp_train,gpt_train]
+    python -m perf.jax_floor [--steps 10] [--warmup 3] [--only mlp_train,gpt_train,...]
 
 It runs in this process with JAX's defaults (lazyrt is not imported, so neither its
 compile options nor its malloc setting apply; run it under the same ``MALLOC_*``
@@ -60,7 +61,7 @@ def mlp_setup(rng):
     return params, loss_fn, 1e-3
 
 
-def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
+def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8, forward_only=False):
     def P(*s):
         return jnp.asarray(rng.standard_normal(s) * 0.02, jnp.float32)
 
@@ -79,7 +80,7 @@ def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
     def heads(z):
         return z.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
 
-    def loss_fn(p):
+    def logits_fn(p):
         x = p["tok"][idx] + p["pos"][jnp.arange(T)]
         for bp in p["blocks"]:
             q, k, v = jnp.split(_ln(x, bp["ln1w"], bp["ln1b"]) @ bp["qkvw"].T + bp["qkvb"], 3, -1)
@@ -90,34 +91,90 @@ def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8):
             h = _ln(x, bp["ln2w"], bp["ln2b"]) @ bp["fc1w"].T + bp["fc1b"]
             h = h * 0.5 * (1 + jax.scipy.special.erf(h * 0.7071067811865476))
             x = x + h @ bp["fc2w"].T + bp["fc2b"]
-        logits = _ln(x, p["lnw"], p["lnb"]) @ p["head"].T
-        return _xent(logits.reshape(-1, V), tgt.reshape(-1))
+        return _ln(x, p["lnw"], p["lnb"]) @ p["head"].T
+
+    if forward_only:
+        return params, logits_fn
+
+    def loss_fn(p):
+        return _xent(logits_fn(p).reshape(-1, V), tgt.reshape(-1))
 
     return params, loss_fn, 3e-4
 
 
+# Training steps: setup(rng) -> (params, loss_fn, lr); jitted with AdamW in ``run``.
 SETUPS = {"mlp_train": mlp_setup, "gpt_train": gpt_setup}
+# The suite's attention shapes, (batch, heads, seq, head_dim), as in ``workloads.py``.
+ATTENTION_SHAPES = {"b8h4s128d64": (8, 4, 128, 64), "b4h8s256d64": (4, 8, 256, 64),
+                    "b2h8s512d64": (2, 8, 512, 64)}
+# Every workload with a floor (``perf.suite`` runs the ``jax`` mode on these).
+FLOORS = (*SETUPS, "gpt_infer", "attention")
 
 
-def run(name: str, steps: int, warmup: int, per_step: bool = False):
+def _gpt_infer(rng, variant):
+    params, logits_fn = gpt_setup(rng, forward_only=True)
+    f = jax.jit(lambda p: logits_fn(p).sum())
+    return lambda i: f(params)
+
+
+def attention_loss(q, k, v):
+    """The attention workload's loss: causal SDPA on (batch, heads, seq, dim), then
+    ``(o * o).mean()``."""
+    t, d = q.shape[-2], q.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    s = jnp.where(causal, q @ jnp.swapaxes(k, -1, -2) / np.sqrt(d), -jnp.inf)
+    o = jax.nn.softmax(s, -1) @ v
+    return (o * o).mean()
+
+
+def _attention(rng, variant):
+    b, h, t, d = ATTENTION_SHAPES[variant or next(iter(ATTENTION_SHAPES))]
+    sc = 1.0 / np.sqrt(np.sqrt(d))
+    q, k = (jnp.asarray(rng.standard_normal((b, h, t, d)) * sc, jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((b, h, t, d)), jnp.float32)
+    # NOTE: written out in the workload's (batch, heads, seq, dim); on this CPU that is
+    # faster than jax.nn.dot_product_attention's (batch, seq, heads, dim) einsums (22 vs
+    # 56 ms at b4h8s256d64 here).
+    f = jax.jit(jax.value_and_grad(attention_loss, argnums=(0, 1, 2)))
+    return lambda i: f(q, k, v)[0]
+
+
+def _train(name):
+    def setup(rng, variant):
+        params, loss_fn, lr = SETUPS[name](rng)
+
+        def step(p, m, v, t):
+            loss, g = jax.value_and_grad(loss_fn)(p)
+            p, m, v = _adamw(p, g, m, v, t, lr)
+            return p, m, v, loss
+
+        f = jax.jit(step, donate_argnums=(0, 1, 2))
+        state = [params, jax.tree.map(jnp.zeros_like, params),
+                 jax.tree.map(jnp.zeros_like, params)]
+
+        def run_step(i):
+            p, m, v, loss = f(*state, float(i + 1))
+            state[:] = [p, m, v]
+            return loss
+
+        return run_step
+
+    return setup
+
+
+_STEPS = {"mlp_train": _train("mlp_train"), "gpt_train": _train("gpt_train"),
+          "gpt_infer": _gpt_infer, "attention": _attention}
+
+
+def run(name: str, steps: int, warmup: int, per_step: bool = False, variant: str | None = None):
     """Median ms per timed step and every step's loss (``per_step``: also each timed
-    step's ms, in the middle)."""
-    params, loss_fn, lr = SETUPS[name](np.random.default_rng(0))
-
-    def step(p, m, v, t):
-        loss, g = jax.value_and_grad(loss_fn)(p)
-        p, m, v = _adamw(p, g, m, v, t, lr)
-        return p, m, v, loss
-
-    f = jax.jit(step, donate_argnums=(0, 1, 2))
-    m = jax.tree.map(jnp.zeros_like, params)
-    v = jax.tree.map(jnp.zeros_like, params)
-    p, ts, losses = params, [], []
+    step's ms, in the middle). ``variant``: the attention shape."""
+    step = _STEPS[name](np.random.default_rng(0), variant)
+    ts, losses = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        p, m, v, loss = f(p, m, v, float(i + 1))
         # the step ends when its loss is on the host, as in the perf workloads
-        losses.append(float(loss))
+        losses.append(float(step(i)))
         if i >= warmup:
             ts.append(time.perf_counter() - t0)
     med = statistics.median(ts) * 1e3
@@ -130,14 +187,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.jax_floor")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--only", default=",".join(SETUPS))
+    ap.add_argument("--only", default=",".join(FLOORS))
     a = ap.parse_args(argv)
     for name in [n.strip() for n in a.only.split(",") if n.strip()]:
-        if name not in SETUPS:
-            ap.error(f"unknown workload {name!r}; choose from {list(SETUPS)}")
-        ms, losses = run(name, a.steps, a.warmup)
-        print(f"{name:<10} plain-JAX whole-step jit: {ms:.2f} ms/step (jax {jax.__version__}, "
-              f"{jax.default_backend()}); loss {losses[0]:.4g} -> {losses[-1]:.4g}", flush=True)
+        if name not in FLOORS:
+            ap.error(f"unknown workload {name!r}; choose from {list(FLOORS)}")
+        for variant in ATTENTION_SHAPES if name == "attention" else [None]:
+            ms, losses = run(name, a.steps, a.warmup, variant=variant)
+            label = name if variant is None else f"{name}/{variant}"
+            print(f"{label:<22} plain-JAX whole-step jit: {ms:.2f} ms/step (jax "
+                  f"{jax.__version__}, {jax.default_backend()}); loss {losses[0]:.4g} -> "
+                  f"{losses[-1]:.4g}", flush=True)
     return 0
 
 

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 import lazyrt
 
 STEPS = 3
+# The harness's optimizer (``_run``).
+LR, EPS = 1e-2, 1e-5
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -697,7 +699,7 @@ def _dlrm_batch():
 def _run(model, inputs, targets, loss_fn, steps, stats=None):
     """Step 0 output and grads; then ``steps`` AdamW steps: losses, final state.
     ``stats``: a list that gets lazyrt's counters after each step."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-5, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, weight_decay=0.01)
     losses, first_out, first_grads = [], None, None
     for i in range(steps):
         opt.zero_grad()
@@ -782,7 +784,19 @@ def check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, rtol=1e-4, atol=1e
         assert math.isclose(a, b, rel_tol=rtol, abs_tol=atol), f"step {i}: loss {a} != {b}"
     assert g_state.keys() == r_state.keys()
     for k in r_state:
-        _close(g_state[k], r_state[k], step_rtol, step_atol, f"after {steps} AdamW steps: {k}")
+        _close(g_state[k], r_state[k], step_rtol, step_atol + _noise_step(r_grads.get(k),
+               g_grads.get(k), atol, steps), f"after {steps} AdamW steps: {k}")
+
+
+def _noise_step(r_grad, g_grad, grad_atol, steps):
+    """Extra tolerance after the AdamW steps for a parameter whose gradient is zero up to
+    float32 rounding (within the gradient tolerance on CPU: a key projection's bias under
+    softmax, whose exact gradient is 0). Adam divides by |g| + eps, so such a gradient's
+    noise moves the parameter by up to LR * |g| / EPS a step, differently on each backend;
+    the gradients themselves were compared above. 0 for every other parameter."""
+    if r_grad is None or g_grad is None or r_grad.abs().max() > grad_atol:
+        return 0.0
+    return steps * LR * float(r_grad.abs().max() + g_grad.abs().max()) / EPS
 
 
 # name: (model_fn, batch_fn, number of model inputs in the batch, loss_fn, tolerances)

@@ -108,6 +108,41 @@ def test_sdpa_off_and_auto_on_cpu_use_no_kernel(mode, pallas, policy):
     assert _counts() == (0, 0, 0)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("case", CASES)
+def test_sdpa_math_path_gradients_match_cpu(mode, pallas, case):
+    # The jnp path's backward reuses the forward's output and logsumexp (fully masked
+    # rows included: their logsumexp is -inf); GQA sums the repeated heads back.
+    gen = torch.Generator().manual_seed(10 + CASES.index(case))
+    q, k, v, kw = _sdpa_case(case, gen)
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    pallas("off")
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_sdpa_math_path_mask_and_3d_gradients(mode, pallas):
+    # A float mask that wants its own gradient, and 3-D (unbatched) inputs.
+    gen = torch.Generator().manual_seed(20)
+    pallas("off")
+    q, k, v = (torch.randn(2, 5, 8, 16, generator=gen) for _ in range(3))
+    m = torch.randn(2, 1, 8, 8, generator=gen)
+
+    def fwd_bwd(device):
+        ts = [t.detach().to(device).requires_grad_() for t in (q, k, v, m)]
+        out = F.scaled_dot_product_attention(*ts[:3], attn_mask=ts[3])
+        (out * out).sum().backward()
+        q3, k3, v3 = [t[0].detach().to(device).requires_grad_() for t in (q, k, v)]
+        out3 = F.scaled_dot_product_attention(q3, k3, v3, is_causal=True)
+        (out3 * out3).sum().backward()
+        return [out, *(t.grad for t in ts), out3, q3.grad, k3.grad, v3.grad]
+
+    expected = fwd_bwd("cpu")
+    got = _run(mode, lambda: fwd_bwd("tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+
+
 def test_sdpa_unsupported_shape_falls_back(mode, pallas):
     # head_dim 272 > the kernel's 256: the fused op's lowering takes the jnp path.
     gen = torch.Generator().manual_seed(2)

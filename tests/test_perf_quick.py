@@ -124,3 +124,27 @@ def test_jax_floor_mlp_trains():
     assert _num(ms) and ms > 0
     assert len(losses) == 4 and all(_num(x) for x in losses)
     assert losses[-1] < losses[0]  # AdamW on a fixed batch: the loss goes down
+
+
+def test_jax_floor_attention_matches_the_workload():
+    # The attention floor has the suite's shapes and computes what the workload's loss
+    # computes (SDPA, causal, (o * o).mean()) on the same numbers.
+    sys.path.insert(0, ROOT)
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from perf import jax_floor
+    from perf.workloads import ATTENTION_SHAPES
+
+    assert jax_floor.ATTENTION_SHAPES == ATTENTION_SHAPES
+    assert set(jax_floor.FLOORS) >= {"mlp_train", "gpt_train", "gpt_infer", "attention"}
+    shape = (1, 2, 8, 4)
+    q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+               for i in range(3))
+    o = F.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), is_causal=True)
+    got = jax_floor.attention_loss(*map(jnp.asarray, (q, k, v)))
+    assert float(got) == pytest.approx(float((o * o).mean()), rel=1e-5)
+    ms, losses = jax_floor.run("attention", steps=1, warmup=1, variant="b8h4s128d64")
+    assert _num(ms) and len(losses) == 2 and losses[0] == losses[1]

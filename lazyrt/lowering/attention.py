@@ -10,27 +10,29 @@ PrivateUse1 it answers "math", which decomposes into ``bmm``/``_safe_softmax``/`
 So lazyrt registers an ``AutogradPrivateUse1`` kernel for
 ``aten::scaled_dot_product_attention`` (``_pallas.sdpa_autograd_kernel``, registered by
 ``lazyrt._registration``; it takes precedence over the composite kernel for ``tpu``
-tensors only). When the
-Pallas policy is active (``lazyrt._pallas.active()``) and the call can use a fused
-op (4-D q/k/v of one floating dtype, no dropout, a mask that needs no gradient,
-GQA only with ``enable_gqa=True``), it calls
+tensors only). When the call can use a fused op (4-D q/k/v of one floating dtype, no
+dropout, a mask that needs no gradient, GQA only with ``enable_gqa=True``), it calls
 ``aten._scaled_dot_product_fused_attention_overrideable``, PyTorch's fused SDPA op
 meant for PrivateUse1 backends: it takes ``attn_bias`` (bool or additive masks) and
 its backward returns k/v gradients with the kv-head count (GQA), and PyTorch's own
 autograd formula calls ``..._overrideable_backward``. Otherwise it runs the composite
-kernel unchanged (the math path), so ``LAZYRT_PALLAS=off`` (and ``auto`` on CPU)
-behaves exactly as before.
+kernel unchanged (the math path).
 
 The lowerings of the fused ops (the overrideable pair, and for direct callers the
 ``_scaled_dot_product_flash_attention`` and ``_efficient_attention`` pairs) ask the
-router at trace time: ``kernels_pallas.flash_attention`` when it takes the shapes,
-else a plain ``jnp`` math path computing the same thing (so results never depend on
-the route). Gradients are ``jax.vjp`` of whichever function the forward used (the
-kernel's custom VJP runs the Pallas backward kernels; it recomputes the forward tile
-by tile, so the forward kernel runs again inside the backward).
+router at trace time: ``kernels_pallas.flash_attention`` when the Pallas policy is
+active and it takes the shapes, else a plain ``jnp`` math path computing the same thing
+(so results never depend on the route). The kernel's gradient is its custom VJP (the
+Pallas backward kernels; it recomputes the forward tile by tile). The jnp path's
+backward is flash attention's formula on the forward's output and logsumexp
+(``_math_backward``): the probabilities are ``exp(scores - lse)``, so the softmax is
+not run again; it falls back to ``jax.vjp`` of the forward when the mask wants a
+gradient or no logsumexp came with the call.
 
-Returned ``logsumexp``: exact, computed with ``jnp`` (the public kernel API does not
-return its own), materializing the scores once; the backward never reads it.
+Returned ``logsumexp``: exact. On the jnp route it comes from the same pass over the
+scores as the output; on the kernel route it is computed with ``jnp`` (the public kernel
+API does not return its own), materializing the scores once, and the kernel's backward
+never reads it.
 """
 from __future__ import annotations
 
@@ -73,21 +75,38 @@ def _scores(q, k, mask, causal, scale):
     return s
 
 
-def _math_attention(q, k, v, mask, causal, scale):
-    """softmax(q k^T * scale + mask) v in float32; rows with every key dropped are 0
-    (PyTorch's ``_safe_softmax``)."""
+def _repeat_kv(x, q):
+    """``x`` (keys or values) in float32, its heads repeated to ``q``'s (GQA)."""
+    groups = q.shape[-3] // x.shape[-3] if q.ndim >= 3 and x.ndim >= 3 else 1
+    x = x.astype(jnp.float32)
+    return jnp.repeat(x, groups, axis=-3) if groups > 1 else x
+
+
+def _sum_groups(dx, x):
+    """The gradient of ``_repeat_kv(x, q)`` summed back onto ``x``'s heads."""
+    if dx.ndim < 3 or dx.shape[-3] == x.shape[-3]:
+        return dx
+    hk = x.shape[-3]
+    return dx.reshape(*dx.shape[:-3], hk, dx.shape[-3] // hk, *dx.shape[-2:]).sum(-3)
+
+
+def _math_forward(q, k, v, mask, causal, scale):
+    """(softmax(q k^T * scale + mask) v, its logsumexp [.., L]) in float32 from one pass
+    over the scores; rows with every key dropped give 0 and a logsumexp of -inf (PyTorch's
+    ``_safe_softmax``)."""
     s = _scores(q, k, mask, causal, scale)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = lax.stop_gradient(jnp.where(jnp.isneginf(m), 0.0, m))
     p = jnp.exp(s - m)
     den = jnp.sum(p, axis=-1, keepdims=True)
+    lse = (jnp.log(den) + m)[..., 0]
     p = p / jnp.where(den == 0.0, 1.0, den)
-    groups = q.shape[-3] // v.shape[-3] if q.ndim >= 3 and v.ndim >= 3 else 1
-    vf = v.astype(jnp.float32)
-    if groups > 1:
-        vf = jnp.repeat(vf, groups, axis=-3)
-    out = jnp.einsum("...qk,...kd->...qd", p, vf, precision=matmul_precision())
-    return out.astype(q.dtype)
+    out = jnp.einsum("...qk,...kd->...qd", p, _repeat_kv(v, q), precision=matmul_precision())
+    return out.astype(q.dtype), lse
+
+
+def _math_attention(q, k, v, mask, causal, scale):
+    return _math_forward(q, k, v, mask, causal, scale)[0]
 
 
 def _logsumexp(q, k, mask, causal, scale):
@@ -98,6 +117,24 @@ def _logsumexp(q, k, mask, causal, scale):
     return (jnp.log(jnp.sum(jnp.exp(s - m0), axis=-1, keepdims=True)) + m0)[..., 0]
 
 
+def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
+    """(dq, dk, dv) from the forward's output and logsumexp, as flash attention's backward
+    does: the probabilities are ``exp(scores - lse)``, so the softmax is not run again
+    (autodiff of ``_math_attention`` would recompute its max, sum and division)."""
+    prec = matmul_precision()
+    sc = _scale_of(q, scale)
+    p = jnp.exp(_scores(q, k, mask, causal, scale)
+                - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None])
+    gf = g.astype(jnp.float32)
+    dv = jnp.einsum("...qk,...qd->...kd", p, gf, precision=prec)
+    dp = jnp.einsum("...qd,...kd->...qk", gf, _repeat_kv(v, q), precision=prec)
+    ds = p * (dp - jnp.sum(gf * out.astype(jnp.float32), axis=-1, keepdims=True))
+    dq = jnp.einsum("...qk,...kd->...qd", ds, _repeat_kv(k, q), precision=prec) * sc
+    dk = jnp.einsum("...qk,...qd->...kd", ds, q.astype(jnp.float32), precision=prec) * sc
+    return (dq.astype(q.dtype), _sum_groups(dk, k).astype(k.dtype),
+            _sum_groups(dv, v).astype(v.dtype))
+
+
 # ---------------------------------------------------------------------------
 # routed forward / backward
 # ---------------------------------------------------------------------------
@@ -105,15 +142,15 @@ def _logsumexp(q, k, mask, causal, scale):
 def _forward(q, k, v, mask, causal, scale, with_lse=True):
     if _pallas.use_attention(q, k, v, mask):
         out = _pallas.flash_attention(q, k, v, mask, causal, scale)
-    else:
-        out = _math_attention(q, k, v, mask, causal, scale)
-    lse = _logsumexp(q, k, mask, causal, scale) if with_lse else None
-    return out, lse
+        return out, (_logsumexp(q, k, mask, causal, scale) if with_lse else None)
+    out, lse = _math_forward(q, k, v, mask, causal, scale)
+    return out, (lse if with_lse else None)
 
 
-def _backward(g, q, k, v, mask, causal, scale, grad_mask=False):
+def _backward(g, q, k, v, mask, causal, scale, grad_mask=False, out=None, lse=None):
     """(dq, dk, dv, dmask or None). A gradient for an additive mask forces the math
-    path (the kernel treats its mask as a constant)."""
+    path (the kernel treats its mask as a constant). With the forward's ``out`` and
+    ``lse`` (at least L rows: the efficient op pads them) the math path reuses them."""
     g = g.astype(q.dtype)
     if grad_mask and mask is not None and mask.dtype != jnp.bool_:
         if _pallas.active():
@@ -123,6 +160,9 @@ def _backward(g, q, k, v, mask, causal, scale, grad_mask=False):
         return vjp(g)
     if _pallas.use_attention(q, k, v, mask):
         dq, dk, dv = _pallas.flash_attention_vjp(g, q, k, v, mask, causal, scale)
+    elif out is not None and lse is not None and lse.shape[-1] >= q.shape[-2]:
+        dq, dk, dv = _math_backward(g, q, k, v, mask, causal, scale, out,
+                                    lse[..., :q.shape[-2]])
     else:
         _, vjp = jax.vjp(lambda q_, k_, v_: _math_attention(q_, k_, v_, mask, causal, scale),
                          q, k, v)
@@ -163,7 +203,7 @@ def sdpa_overrideable_backward(grad_out, query, key, value, attn_bias, grad_inpu
                                is_causal, philox_seed, philox_offset, *, scale=None):
     _no_dropout("_scaled_dot_product_fused_attention_overrideable_backward", dropout_p)
     dq, dk, dv, db = _backward(grad_out, query, key, value, attn_bias, is_causal, scale,
-                               grad_mask=bool(grad_input_mask[3]))
+                               grad_mask=bool(grad_input_mask[3]), out=out, lse=logsumexp)
     if attn_bias is None:
         return dq, dk, dv, None
     if db is None:
@@ -191,7 +231,8 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
                         max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
                         scale=None):
     _no_dropout("_scaled_dot_product_flash_attention_backward", dropout_p)
-    dq, dk, dv, _ = _backward(grad_out, query, key, value, None, is_causal, scale)
+    dq, dk, dv, _ = _backward(grad_out, query, key, value, None, is_causal, scale, out=out,
+                              lse=logsumexp)
     return dq, dk, dv
 
 
@@ -220,7 +261,7 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
     _no_dropout("_scaled_dot_product_efficient_attention_backward", dropout_p)
     want_bias = bool(grad_input_mask[3]) and attn_bias is not None
     dq, dk, dv, db = _backward(grad_out_, query, key, value, attn_bias, is_causal, scale,
-                               grad_mask=want_bias)
+                               grad_mask=want_bias, out=out, lse=logsumexp)
     return dq, dk, dv, (db if want_bias else None)
 
 
