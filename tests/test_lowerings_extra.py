@@ -1,6 +1,7 @@
 """Forward lowerings added for OpInfo coverage and MoE models, checked against PyTorch CPU
 on cases OpInfo's samples do not reach: antialiased upsampling, fractional max pooling
-with given window offsets, Bunch-Kaufman LDL with 2x2 pivots and zero pivots, lstsq per
+with given window offsets, Bunch-Kaufman LDL with 2x2 pivots and zero pivots (real
+symmetric and complex Hermitian), lstsq per
 driver (rank-deficient too), grouped matmuls, tensor repeats, the chunked
 linear_cross_entropy ops, multilabel_margin_loss rows ended early, searchsorted with
 a scalar."""
@@ -107,6 +108,39 @@ def test_ldl_factor_and_solve(mode, case):
     LDc, pivc, _ = torch.linalg.ldl_factor_ex(A)
     B = _randn(*A.shape[:-1], 3, seed=4)
     _check(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), LDc, pivc, B, rtol=1e-4, atol=1e-4)
+
+
+def _hermitian_ldl_cases():
+    yield torch.tensor([[0.0, 1 + 1j, 2], [1 - 1j, 0, 3j], [2, -3j, 0]])  # a 2x2 pivot
+    yield torch.tensor([[0.0, 0, 0], [0, 1, 2j], [0, -2j, 1]])  # a zero column: info = 1
+    g = _gen(5)
+    for n in (1, 2, 5, 8):
+        m = torch.randn(3, n, n, dtype=torch.complex64, generator=g)
+        yield m + m.mH  # indefinite: mixed 1x1 / 2x2 pivots
+    m = torch.randn(6, 6, dtype=torch.complex64, generator=g)
+    yield m @ m.mH + torch.eye(6)  # positive definite
+    m = torch.randn(4, 4, dtype=torch.complex64, generator=g)
+    yield m + m.mH + 0.5j * torch.eye(4)  # an imaginary diagonal: hetrf reads its real part
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_ldl_factor_and_solve_complex_hermitian(mode, case):
+    # LAPACK's zhetrf/zhetrs (what PyTorch's CPU kernels call with hermitian=True): the
+    # same pivots and LD, and a solve of A X = B with A = P L D L^H P^T.
+    A = list(_hermitian_ldl_cases())[case]
+    LD, piv, info = _check(lambda a: torch.linalg.ldl_factor_ex(a, hermitian=True), A)
+    if case == 0:
+        assert (to_cpu(piv) < 0).any()
+    if case == 1:
+        assert int(to_cpu(info)) == 1
+        return
+    LDc, pivc, _ = torch.linalg.ldl_factor_ex(A, hermitian=True)
+    B = torch.randn(*A.shape[:-1], 3, dtype=torch.complex64, generator=_gen(6))
+    _check(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=True), LDc, pivc, B,
+           rtol=1e-4, atol=1e-4)
+    if case < 7:  # a Hermitian A: the solve solves it
+        X = torch.linalg.ldl_solve(to_tpu(LDc), to_tpu(pivc), to_tpu(B), hermitian=True)
+        assert_close(A @ to_cpu(X), B, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])

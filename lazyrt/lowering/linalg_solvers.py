@@ -1,9 +1,9 @@
 """Linear-algebra solvers JAX has no direct counterpart of, with PyTorch's CPU (LAPACK)
 output conventions: ``linalg_lstsq`` (driver-dependent outputs) and the
 Bunch-Kaufman LDL^T factorization ``linalg_ldl_factor_ex`` / ``linalg_ldl_solve``
-(LAPACK ``sytf2``/``sytrs`` with ``uplo='L'``, real or complex symmetric: the same pivot
-choices, the same compact ``LD`` and 1-based int32 ``pivots``, negative for 2x2 blocks;
-complex Hermitian (``hetrf``) is not lowered)."""
+(LAPACK ``sytf2``/``sytrs`` with ``uplo='L'``, real or complex symmetric, and
+``hetf2``/``hetrs`` for complex Hermitian: the same pivot choices, the same compact
+``LD`` and 1-based int32 ``pivots``, negative for 2x2 blocks)."""
 from __future__ import annotations
 
 import jax
@@ -76,26 +76,39 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
 # ---- LDL^T (Bunch-Kaufman) --------------------------------------------------------------------
 
 
-def _sytf2_lower(a):
-    """LAPACK dsytf2 (uplo='L') on one n x n matrix: (LD with the input's upper triangle,
-    1-based pivots, info). The pivot choice of each step decides the next step's size, so
-    the loop is a while_loop over the column k; each step works on whole-matrix masks."""
+def _sytf2_lower(a, hermitian=False):
+    """LAPACK dsytf2/csytf2 (uplo='L') on one n x n matrix, or zhetf2 with ``hermitian``:
+    (LD with the input's upper triangle, 1-based pivots, info). The pivot choice of each
+    step decides the next step's size, so the loop is a while_loop over the column k;
+    each step works on whole-matrix masks."""
     n = a.shape[-1]
     idx = jnp.arange(n)
     row, col = idx[:, None], idx[None, :]
     neg = jnp.asarray(-1, jnp.real(a).dtype)
-    if jnp.iscomplexobj(a):  # csytf2 ranks pivots by CABS1 = |re| + |im|
+    if jnp.iscomplexobj(a):  # ?sytf2/?hetf2 rank off-diagonal pivots by CABS1 = |re| + |im|
         def cabs(v):
             return jnp.abs(jnp.real(v)) + jnp.abs(jnp.imag(v))
     else:
         cabs = jnp.abs
+    if hermitian:
+        # hetf2 reads only the real part of the diagonal (and keeps it real)
+        a = jnp.where(row == col, jnp.real(a).astype(a.dtype), a)
+        cj = jnp.conj
+
+        def dabs(v):
+            return jnp.abs(jnp.real(v))
+    else:
+        def cj(v):
+            return v
+
+        dabs = cabs
 
     def first_argmax(v):
         return jnp.argmax(v)  # LAPACK i*amax: the first index of the largest |value|
 
     def step(state):
         A, piv, info, k = state
-        absakk = cabs(A[k, k])
+        absakk = dabs(A[k, k])
         colabs = jnp.where(idx > k, cabs(A[:, k]), neg)
         imax = first_argmax(colabs)
         colmax = jnp.where(k < n - 1, colabs[imax], 0)
@@ -106,38 +119,50 @@ def _sytf2_lower(a):
         zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
         one_k = absakk >= _ALPHA * colmax
         one_k2 = absakk >= _ALPHA * colmax * (colmax / jnp.where(rowmax == 0, 1, rowmax))
-        one_imax = cabs(A[imax, imax]) >= _ALPHA * rowmax
+        one_imax = dabs(A[imax, imax]) >= _ALPHA * rowmax
         stay = zero | one_k | one_k2
         kp = jnp.where(stay, k, imax)
         kstep = jnp.where(stay | one_imax, 1, 2)
         kk = k + kstep - 1
         # interchange rows/columns kk and kp of the trailing matrix A[k:, k:] (lower part)
         perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
-        S = jnp.where(row >= col, A, A.T)
+        S = jnp.where(row >= col, A, cj(A.T))
         Sp = S[perm][:, perm]
         trail = (row >= k) & (col >= k) & (row >= col)
         A = jnp.where(trail & ~zero, Sp, A)
         # 1x1 pivot: rank-1 update of A[k+1:, k+1:], then scale the column
-        d11 = 1 / jnp.where(A[k, k] == 0, 1, A[k, k])
+        akk = jnp.real(A[k, k]) if hermitian else A[k, k]
+        d11 = 1 / jnp.where(akk == 0, 1, akk)
         x = jnp.where(idx > k, A[:, k], 0)
-        A1 = A + jnp.where((row > k) & (col > k) & (row >= col), x[:, None] * (-d11 * x)[None, :], 0)
+        A1 = A + jnp.where((row > k) & (col > k) & (row >= col), x[:, None] * cj(-d11 * x)[None, :], 0)
         A1 = jnp.where((col == k) & (row > k), A1 * d11, A1)
         # 2x2 pivot: rank-2 update of A[k+2:, k+2:] with the columns k, k+1
         k1 = jnp.minimum(k + 1, n - 1)
-        d21 = A[k1, k]
-        d21s = jnp.where(d21 == 0, 1, d21)
-        e11 = A[k1, k1] / d21s
-        e22 = A[k, k] / d21s
-        t = 1 / (e11 * e22 - 1)
-        d21 = t / d21s
         ck, ck1 = A[:, k], A[:, k1]
-        wk = d21 * (e11 * ck - ck1)
-        wkp1 = d21 * (e22 * ck1 - ck)
+        if hermitian:  # zhetf2
+            d = jnp.abs(A[k1, k])
+            d = jnp.where(d == 0, 1, d)
+            e11, e22 = jnp.real(A[k1, k1]) / d, jnp.real(A[k, k]) / d
+            d21 = A[k1, k] / d
+            dd = (1 / (e11 * e22 - 1)) / d
+            wk = dd * (e11 * ck - d21 * ck1)
+            wkp1 = dd * (e22 * ck1 - jnp.conj(d21) * ck)
+        else:  # dsytf2/csytf2
+            d21 = A[k1, k]
+            d21s = jnp.where(d21 == 0, 1, d21)
+            e11 = A[k1, k1] / d21s
+            e22 = A[k, k] / d21s
+            t = 1 / (e11 * e22 - 1)
+            d21 = t / d21s
+            wk = d21 * (e11 * ck - ck1)
+            wkp1 = d21 * (e22 * ck1 - ck)
         rest = idx > k + 1
         A2 = A - jnp.where(rest[:, None] & rest[None, :] & (row >= col),
-                           ck[:, None] * wk[None, :] + ck1[:, None] * wkp1[None, :], 0)
+                           ck[:, None] * cj(wk)[None, :] + ck1[:, None] * cj(wkp1)[None, :], 0)
         A2 = jnp.where((col == k) & rest[:, None], wk[:, None], A2)
         A2 = jnp.where((col == k1) & rest[:, None], wkp1[:, None], A2)
+        if hermitian:
+            A2 = jnp.where((row == col) & rest[:, None], jnp.real(A2).astype(A2.dtype), A2)
         A = jnp.where(zero, A, jnp.where(kstep == 1, A1, A2))
         p1 = (kp + 1).astype(piv.dtype)
         piv = jnp.where(kstep == 1, jnp.where(idx == k, p1, piv),
@@ -159,21 +184,22 @@ def _batched(fn, x, n_core):
 
 @lower(aten.linalg_ldl_factor_ex.default)
 def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
-    if jnp.iscomplexobj(self) and hermitian:
-        raise NotImplementedError("lazyrt: linalg_ldl_factor_ex of complex Hermitian matrices")
+    hermitian = bool(hermitian) and jnp.iscomplexobj(self)
     n = self.shape[-1]
     batch = self.shape[:-2]
     if self.size == 0:
         return (jnp.zeros(self.shape, self.dtype), jnp.zeros(batch + (n,), jnp.int32),
                 jnp.zeros(batch, jnp.int32))
-    A, piv, info = _batched(_sytf2_lower, self, 2)
+    A, piv, info = _batched(lambda a: _sytf2_lower(a, hermitian), self, 2)
     return jnp.tril(A), piv, info
 
 
-def _sytrs_lower(ld, piv, b):
-    """LAPACK dsytrs (uplo='L'): solve A X = B from sytf2's LD and pivots."""
+def _sytrs_lower(ld, piv, b, hermitian=False):
+    """LAPACK dsytrs (uplo='L'): solve A X = B from sytf2's LD and pivots; zhetrs with
+    ``hermitian`` (A = P L D L^H P^T)."""
     n = ld.shape[-1]
     idx = jnp.arange(n)
+    cj = jnp.conj if hermitian else (lambda v: v)
 
     def swap(B, i, j):
         perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
@@ -196,22 +222,23 @@ def _sytrs_lower(ld, piv, b):
         B2 = B - jnp.where(rest, col[:, None] * B[k][None, :], 0)
         B2 = B2 - jnp.where(rest, col1[:, None] * B[k1][None, :], 0)
         akm1k = ld[k1, k]
-        akm1 = ld[k, k] / akm1k
+        akm1 = ld[k, k] / cj(akm1k)
         ak = ld[k1, k1] / akm1k
         denom = akm1 * ak - 1
-        bkm1 = B2[k] / akm1k
+        bkm1 = B2[k] / cj(akm1k)
         bk = B2[k1] / akm1k
         B2 = B2.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
         return jnp.where(two, B2, B1), k + jnp.where(two, 2, 1)
 
-    def bwd(state):  # L^T X = B, k descending
+    def bwd(state):  # L^T X = B (L^H for hermitian), k descending
         B, k = state
         p = piv[k]
         two = p < 0
         below = (idx > k)[:, None]
-        B1 = B.at[k].add(-jnp.sum(jnp.where(below, ld[:, k][:, None] * B, 0), axis=0))
+        B1 = B.at[k].add(-jnp.sum(jnp.where(below, cj(ld[:, k])[:, None] * B, 0), axis=0))
         km1 = jnp.maximum(k - 1, 0)
-        B2 = B1.at[km1].add(-jnp.sum(jnp.where(below, ld[:, km1][:, None] * B, 0), axis=0))
+        B2 = B1.at[km1].add(-jnp.sum(jnp.where(below, cj(ld[:, km1])[:, None] * B, 0),
+                                     axis=0))
         B = jnp.where(two, B2, B1)
         kp = jnp.where(two, -p, p) - 1
         return swap(B, k, kp), k - jnp.where(two, 2, 1)
@@ -223,8 +250,7 @@ def _sytrs_lower(ld, piv, b):
 
 @lower(aten.linalg_ldl_solve.default)
 def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
-    if jnp.iscomplexobj(LD) and hermitian:
-        raise NotImplementedError("lazyrt: linalg_ldl_solve of complex Hermitian matrices")
+    hermitian = bool(hermitian) and jnp.iscomplexobj(LD)
     n = LD.shape[-1]
     batch = jnp.broadcast_shapes(LD.shape[:-2], B.shape[:-2])
     k = B.shape[-1]
@@ -234,4 +260,4 @@ def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
     ld = jnp.broadcast_to(LD, batch + (n, n)).reshape((-1, n, n)).astype(dt)
     pv = jnp.broadcast_to(pivots, batch + (n,)).reshape((-1, n)).astype(jnp.int32)
     b = jnp.broadcast_to(B, batch + (n, k)).reshape((-1, n, k)).astype(dt)
-    return jax.vmap(_sytrs_lower)(ld, pv, b).reshape(batch + (n, k))
+    return jax.vmap(lambda *a: _sytrs_lower(*a, hermitian))(ld, pv, b).reshape(batch + (n, k))
