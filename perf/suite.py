@@ -256,12 +256,14 @@ def check_bars(summary: list[dict]) -> list[dict]:
         v = s.get("speedup_defer_vs_strict")
         if v is not None:
             add(f"{s['label']}: defer vs strict", v, f">= {t}x", v >= t)
-        # NOTE: what that bar can reach here: the plain-JAX whole step has no per-op cost
-        # at all, so defer (one such program per step) gains at most strict / floor.
+        # NOTE: context for that bar, not a bar: what one hand-written whole-step program
+        # (no per-op cost at all) gains over strict on this machine. Not a bound: lazyrt's
+        # programs use its own lowerings and compile options, and can beat it.
         sm, jm = s.get("strict_ms"), s.get("jax_ms")
         if v is not None and sm and jm:
-            add(f"{s['label']}: strict / plain-JAX floor (the most defer can gain)", sm / jm,
-                f">= {t}x for the bar above to be reachable", sm / jm >= t)
+            bars.append({"bar": f"{s['label']}: strict / plain-JAX whole step (context)",
+                         "value": sm / jm, "target": f"defer's bar: >= {t}x",
+                         "status": "info"})
     for w, t in BARS_VS_JAX.items():
         s = by.get(w, {})
         d, j = s.get("defer_ms"), s.get("jax_ms")

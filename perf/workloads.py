@@ -378,7 +378,10 @@ ATTENTION_SHAPES = {
 
 
 class Attention(Workload):
-    """Causal SDPA forward + backward at one shape (the variant)."""
+    """Causal SDPA forward + backward at one shape (the variant). The step ends when the
+    gradients are computed (``lazyrt.sync()``), as a training step's are before its
+    optimizer reads them; without it strict's step would end at the loss, with its
+    backward still running into the next step."""
 
     name = "attention"
 
@@ -403,6 +406,7 @@ class Attention(Workload):
             t.grad = None
         loss = self._loss(self.q, self.k, self.v)
         loss.backward()
+        _sync(self.device)
         return loss.item()
 
     def compile(self, step):
