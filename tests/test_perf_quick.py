@@ -140,6 +140,9 @@ def test_jax_floor_attention_matches_the_workload():
 
     assert jax_floor.ATTENTION_SHAPES == ATTENTION_SHAPES
     assert set(jax_floor.FLOORS) >= {"mlp_train", "gpt_train", "gpt_infer", "attention"}
+    from perf.suite import ONLY_FOR
+
+    assert set(ONLY_FOR["jax"]) == set(jax_floor.FLOORS)  # the suite runs every floor
     shape = (1, 2, 8, 4)
     q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float32)
                for i in range(3))

@@ -29,10 +29,9 @@ backward is flash attention's formula on the forward's output and logsumexp
 not run again; it falls back to ``jax.vjp`` of the forward when the mask wants a
 gradient or no logsumexp came with the call.
 
-Returned ``logsumexp``: exact. On the jnp route it comes from the same pass over the
-scores as the output; on the kernel route it is computed with ``jnp`` (the public kernel
-API does not return its own), materializing the scores once, and the kernel's backward
-never reads it.
+Returned ``logsumexp``: exact, from ``_math_forward``'s pass over the scores. On the
+kernel route that pass runs for the logsumexp alone (the public kernel API does not
+return its own), materializing the scores once, and the kernel's backward never reads it.
 """
 from __future__ import annotations
 
@@ -109,14 +108,6 @@ def _math_attention(q, k, v, mask, causal, scale):
     return _math_forward(q, k, v, mask, causal, scale)[0]
 
 
-def _logsumexp(q, k, mask, causal, scale):
-    """[B, Hq, L] float32 (-inf for fully masked rows)."""
-    s = _scores(q, k, mask, causal, scale)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m0 = jnp.where(jnp.isneginf(m), 0.0, m)
-    return (jnp.log(jnp.sum(jnp.exp(s - m0), axis=-1, keepdims=True)) + m0)[..., 0]
-
-
 def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
     """(dq, dk, dv) from the forward's output and logsumexp, as flash attention's backward
     does: the probabilities are ``exp(scores - lse)``, so the softmax is not run again
@@ -142,7 +133,9 @@ def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
 def _forward(q, k, v, mask, causal, scale, with_lse=True):
     if _pallas.use_attention(q, k, v, mask):
         out = _pallas.flash_attention(q, k, v, mask, causal, scale)
-        return out, (_logsumexp(q, k, mask, causal, scale) if with_lse else None)
+        # (the jnp forward's output is unused here: XLA drops its matmul)
+        lse = _math_forward(q, k, v, mask, causal, scale)[1] if with_lse else None
+        return out, lse
     out, lse = _math_forward(q, k, v, mask, causal, scale)
     return out, (lse if with_lse else None)
 
