@@ -12,7 +12,7 @@ import time
 
 import jax
 
-from . import _defer, _resolve, _strict, _views
+from . import _defer, _resolve, _strict, _views, memory
 from ._config import MODES, config
 from .metrics import COUNTERS
 
@@ -75,12 +75,27 @@ def eager_mode() -> EagerMode:
 
 
 def sync() -> None:
-    """The sync point: flush the pending trace (defer) and wait for all dispatched work."""
+    """The sync point: flush the pending trace (defer), then wait until every value a tpu
+    tensor holds is computed (and so everything it was computed from).
+
+    NOTE: XLA:CPU runs independent executions side by side, not in dispatch order, so a
+    fresh computation is no barrier: waiting on ``device_put(0) + 0`` returned while an
+    SDPA backward dispatched before it was still running (tests/test_streams.py)."""
     _defer.flush(reason="lazyrt.sync")
     t0 = time.perf_counter()
-    (jax.device_put(0) + 0).block_until_ready()
+    arrays = memory.live_arrays()
+    if arrays:
+        jax.block_until_ready(arrays)
     jax.effects_barrier()
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
+
+
+def all_ready() -> bool:
+    """Whether every value a tpu tensor holds is computed (``query`` of streams and
+    events); pending defer work counts as not done."""
+    if config.mode == "defer" and _defer.pending_count():
+        return False
+    return all(a.is_ready() for a in memory.live_arrays())
 
 
 def flush_pending(reason: str) -> None:

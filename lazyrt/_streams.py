@@ -1,17 +1,30 @@
 """``torch.tpu.Stream`` / ``Event`` / ``current_stream`` / ``stream`` / ``default_stream`` /
-``set_stream``. lazyrt runs device work in program order on one queue, so streams are
-markers and waiting on them is free (FSDP2 builds its all-gather and reduce-scatter
-streams from these; DDP and user code ask for the current stream)."""
+``set_stream``.
+
+lazyrt has one device queue: XLA runs each computation once its inputs are ready (on
+XLA:CPU, independent ones side by side), so every stream is that queue and ordering
+calls (``wait_stream``, ``wait_event``) are no-ops. Waiting is real: ``synchronize``
+returns when every value a tpu tensor holds is computed (``lazyrt.sync``), and ``query``
+says whether it is. FSDP2 builds its all-gather and reduce-scatter streams from these;
+DDP and user code ask for the current stream.
+
+Timing events (``enable_timing=True``) have no device clock to read: ``record`` is a sync
+point that waits for the work before it and then reads the host clock, so
+``start.elapsed_time(end)`` is the wall time from the end of the work before ``start`` to
+the end of the work before ``end``, in milliseconds.
+"""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
+from . import _control
+
 
 class Stream:
-    """A ``tpu`` stream. lazyrt runs device work in program order: every stream is the
-    same queue, so ordering calls are no-ops."""
+    """A ``tpu`` stream: the device's one queue."""
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
         self.device = torch.device("tpu", 0)
@@ -29,10 +42,10 @@ class Stream:
         return event
 
     def query(self) -> bool:
-        return True
+        return _control.all_ready()
 
     def synchronize(self) -> None:
-        return None
+        _control.sync()
 
     def __enter__(self):
         return self
@@ -45,27 +58,39 @@ class Stream:
 
 
 class Event:
-    """A ``tpu`` event (program order makes it complete as soon as it is recorded)."""
+    """A ``tpu`` event. Without timing, ``record`` only marks it; ``synchronize`` and
+    ``query`` look at all the work dispatched so far (a superset of the work before the
+    record). With timing, ``record`` waits for the work before it and reads the clock."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False):
         self.enable_timing = enable_timing
         self._recorded = False
+        self._time = None
 
     def record(self, stream=None) -> None:
+        if self.enable_timing:
+            _control.sync()
+            self._time = time.perf_counter()
         self._recorded = True
 
     def wait(self, stream=None) -> None:
         return None
 
     def query(self) -> bool:
-        return True
+        return not self._recorded or _control.all_ready()
 
     def synchronize(self) -> None:
-        return None
+        if self._recorded:
+            _control.sync()
 
     def elapsed_time(self, end_event) -> float:
-        return 0.0
+        """Milliseconds from this event's record to ``end_event``'s (PyTorch's errors)."""
+        if not (self.enable_timing and getattr(end_event, "enable_timing", False)):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if self._time is None or end_event._time is None:
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1e3
 
 
 _DEFAULT = Stream()

@@ -108,6 +108,19 @@ def live_bytes() -> int:
     return _state["live"]
 
 
+def live_arrays() -> list:
+    """Every tracked array still alive and not donated away: the values tpu tensors hold
+    (``lazyrt.sync`` waits for them)."""
+    with _LOCK:
+        refs = list(_live.values())
+    out = []
+    for ref in refs:
+        a = ref()
+        if a is not None and not a.is_deleted():
+            out.append(a)
+    return out
+
+
 def untrack(arrays) -> int:
     """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
     freed = 0
