@@ -16,7 +16,8 @@ def _attention_step(q, k, v):
     (o * o).mean().backward()
 
 
-@pytest.mark.parametrize("wait", ["synchronize", "lazyrt.sync", "stream", "event"])
+@pytest.mark.parametrize("wait", ["synchronize", "accelerator", "lazyrt.sync", "stream",
+                                  "event"])
 def test_synchronize_waits_for_every_live_value(mode, wait):
     # An SDPA backward dispatched before the sync: XLA:CPU runs a fresh computation beside
     # it, so waiting on one (lazyrt's old barrier) returned with the gradients unfinished
@@ -27,6 +28,8 @@ def test_synchronize_waits_for_every_live_value(mode, wait):
         _attention_step(q, k, v)
         if wait == "synchronize":
             torch.tpu.synchronize()
+        elif wait == "accelerator":
+            torch.accelerator.synchronize()
         elif wait == "lazyrt.sync":
             lazyrt.sync()
         elif wait == "stream":
