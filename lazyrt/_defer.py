@@ -275,7 +275,10 @@ def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
 
 
 # A compiled graph whose flushes compiled this many times runs in a flush of its own
-# from then on (``isolated``).
+# from then on (``isolated``). NOTE: not 2: the first two training steps of a compiled
+# gpt2 or lstm compile two different traces (the second step's differs from the first's),
+# and with 2 their graphs were isolated from step 3 on, 4 flushes a step instead of one
+# (tests/test_compile_models.py).
 GRAPH_ISOLATE_MISSES = 3
 
 
