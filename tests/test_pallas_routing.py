@@ -143,6 +143,41 @@ def test_sdpa_math_path_mask_and_3d_gradients(mode, pallas):
     assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("shape", [
+    (1, 2, 128, 16, 2),   # 2 blocks of 64 rows
+    (1, 4, 200, 8, 2),    # 4 blocks, the last one of 8 rows; GQA 4 -> 2 heads
+    (1, 1, 640, 8, 1),    # 5 blocks of 128
+])
+def test_sdpa_causal_row_blocks_match_cpu(mode, pallas, shape):
+    # A causal call with as many queries as keys runs in row blocks that skip the masked
+    # upper triangle (attention._causal_blocks); output and every gradient match CPU's.
+    from lazyrt.lowering.attention import _causal_blocks
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    b, hq, n, e, hkv = shape
+    q = torch.randn(b, hq, n, e, generator=gen)
+    k, v = (torch.randn(b, hkv, n, e, generator=gen) for _ in range(2))
+    kw = {"is_causal": True, "enable_gqa": hkv != hq}
+    blocks = _causal_blocks(q.numpy(), k.numpy(), None, True)
+    assert blocks is not None and len(blocks) > 1 and blocks[-1][1] == q.shape[-2]
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    pallas("off")
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+
+
+def test_sdpa_causal_row_blocks_bfloat16(pallas):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 256, 16, generator=gen).bfloat16() for _ in range(3))
+    kw = {"is_causal": True}
+    expected = _sdpa_fwd_bwd(q.float(), k.float(), v.float(), kw, "cpu")
+    pallas("off")
+    got = _run("strict", lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    assert_close([t.float() for t in got], [t.detach() for t in expected], 2e-2, 2e-2)
+
+
 def test_sdpa_unsupported_shape_falls_back(mode, pallas):
     # head_dim 272 > the kernel's 256: the fused op's lowering takes the jnp path.
     gen = torch.Generator().manual_seed(2)

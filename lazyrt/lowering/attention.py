@@ -57,8 +57,9 @@ def _scale_of(q, scale):
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
-def _scores(q, k, mask, causal, scale):
-    """float32 scaled scores [B, Hq, L, S] with masks applied (-inf = dropped)."""
+def _scores(q, k, mask, causal, scale, row0=0):
+    """float32 scaled scores [B, Hq, L, S] with masks applied (-inf = dropped); ``row0``:
+    the query rows' offset, for a causal block of rows (``_causal_blocks``)."""
     groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 and k.ndim >= 3 else 1
     kf = k.astype(jnp.float32)
     if groups > 1:
@@ -69,7 +70,7 @@ def _scores(q, k, mask, causal, scale):
         s = jnp.where(mask, s, _NEG_INF) if mask.dtype == jnp.bool_ else s + mask.astype(jnp.float32)
     if causal:
         L, S = q.shape[-2], k.shape[-2]
-        keep = jnp.arange(S)[None, :] <= jnp.arange(L)[:, None]
+        keep = jnp.arange(S)[None, :] <= jnp.arange(L)[:, None] + row0
         s = jnp.where(keep, s, _NEG_INF)
     return s
 
@@ -89,11 +90,24 @@ def _sum_groups(dx, x):
     return dx.reshape(*dx.shape[:-3], hk, dx.shape[-3] // hk, *dx.shape[-2:]).sum(-3)
 
 
-def _math_forward(q, k, v, mask, causal, scale):
-    """(softmax(q k^T * scale + mask) v, its logsumexp [.., L]) in float32 from one pass
-    over the scores; rows with every key dropped give 0 and a logsumexp of -inf (PyTorch's
-    ``_safe_softmax``)."""
-    s = _scores(q, k, mask, causal, scale)
+def _causal_blocks(q, k, mask, causal):
+    """Row blocks ``[(r0, r1), ...]`` for a causal call with no mask and as many queries as
+    keys, or None. Block ``[r0, r1)`` of the queries sees keys ``[0, r1)`` only, so the
+    matmuls skip the masked upper triangle block by block, as flash attention's tiles do
+    (a quarter of the work at 2 blocks, ~3/8 at 4). Measured on XLA:CPU, fwd+bwd in plain
+    JAX (B8 H4 S128 / B4 H8 S256 / B2 H8 S512, D64): 6.7 / 24.4 / 48.2 ms whole, 4.4 /
+    16.2 / 35.9 ms in blocks of 64 / 128 / 128 rows; more, smaller blocks gained nothing."""
+    if not causal or mask is not None or q.ndim < 2:
+        return None
+    n = q.shape[-2]
+    if n != k.shape[-2] or n < 128:
+        return None
+    bs = 64 if n < 256 else max(128, -(-n // 16))
+    return [(r0, min(r0 + bs, n)) for r0 in range(0, n, bs)]
+
+
+def _forward_rows(q, k, v, mask, causal, scale, row0=0):
+    s = _scores(q, k, mask, causal, scale, row0)
     m = jnp.max(s, axis=-1, keepdims=True)
     m = lax.stop_gradient(jnp.where(jnp.isneginf(m), 0.0, m))
     p = jnp.exp(s - m)
@@ -101,6 +115,21 @@ def _math_forward(q, k, v, mask, causal, scale):
     lse = (jnp.log(den) + m)[..., 0]
     p = p / jnp.where(den == 0.0, 1.0, den)
     out = jnp.einsum("...qk,...kd->...qd", p, _repeat_kv(v, q), precision=matmul_precision())
+    return out, lse
+
+
+def _math_forward(q, k, v, mask, causal, scale):
+    """(softmax(q k^T * scale + mask) v, its logsumexp [.., L]) in float32 from one pass
+    over the scores; rows with every key dropped give 0 and a logsumexp of -inf (PyTorch's
+    ``_safe_softmax``). A causal call runs in row blocks (``_causal_blocks``)."""
+    blocks = _causal_blocks(q, k, mask, causal)
+    if blocks is None:
+        out, lse = _forward_rows(q, k, v, mask, causal, scale)
+    else:
+        parts = [_forward_rows(q[..., r0:r1, :], k[..., :r1, :], v[..., :r1, :], None, True,
+                               scale, r0) for r0, r1 in blocks]
+        out = jnp.concatenate([o for o, _ in parts], axis=-2)
+        lse = jnp.concatenate([x for _, x in parts], axis=-1)
     return out.astype(q.dtype), lse
 
 
@@ -108,13 +137,11 @@ def _math_attention(q, k, v, mask, causal, scale):
     return _math_forward(q, k, v, mask, causal, scale)[0]
 
 
-def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
-    """(dq, dk, dv) from the forward's output and logsumexp, as flash attention's backward
-    does: the probabilities are ``exp(scores - lse)``, so the softmax is not run again
-    (autodiff of ``_math_attention`` would recompute its max, sum and division)."""
+def _backward_rows(g, q, k, v, mask, causal, scale, out, lse, row0=0):
+    """float32 (dq, dk, dv), dk and dv with q's head count, for the rows of ``q``."""
     prec = matmul_precision()
     sc = _scale_of(q, scale)
-    p = jnp.exp(_scores(q, k, mask, causal, scale)
+    p = jnp.exp(_scores(q, k, mask, causal, scale, row0)
                 - jnp.where(jnp.isneginf(lse), 0.0, lse)[..., None])
     gf = g.astype(jnp.float32)
     dv = jnp.einsum("...qk,...qd->...kd", p, gf, precision=prec)
@@ -122,6 +149,30 @@ def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
     ds = p * (dp - jnp.sum(gf * out.astype(jnp.float32), axis=-1, keepdims=True))
     dq = jnp.einsum("...qk,...kd->...qd", ds, _repeat_kv(k, q), precision=prec) * sc
     dk = jnp.einsum("...qk,...qd->...kd", ds, q.astype(jnp.float32), precision=prec) * sc
+    return dq, dk, dv
+
+
+def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
+    """(dq, dk, dv) from the forward's output and logsumexp, as flash attention's backward
+    does: the probabilities are ``exp(scores - lse)``, so the softmax is not run again
+    (autodiff of ``_math_attention`` would recompute its max, sum and division). A causal
+    call runs in the forward's row blocks; block ``[r0, r1)`` adds to the key rows below
+    ``r1``."""
+    blocks = _causal_blocks(q, k, mask, causal)
+    if blocks is None:
+        dq, dk, dv = _backward_rows(g, q, k, v, mask, causal, scale, out, lse)
+    else:
+        n = k.shape[-2]
+        dqs, dk, dv = [], 0.0, 0.0
+        for r0, r1 in blocks:
+            dq_i, dk_i, dv_i = _backward_rows(
+                g[..., r0:r1, :], q[..., r0:r1, :], k[..., :r1, :], v[..., :r1, :], None,
+                True, scale, out[..., r0:r1, :], lse[..., r0:r1], r0)
+            pad = [(0, 0)] * (dk_i.ndim - 2) + [(0, n - r1), (0, 0)]
+            dqs.append(dq_i)
+            dk = dk + jnp.pad(dk_i, pad)
+            dv = dv + jnp.pad(dv_i, pad)
+        dq = jnp.concatenate(dqs, axis=-2)
     return (dq.astype(q.dtype), _sum_groups(dk, k).astype(k.dtype),
             _sum_groups(dv, v).astype(v.dtype))
 
