@@ -117,11 +117,19 @@ def _gpt_infer(rng, variant):
 
 def attention_loss(q, k, v):
     """The attention workload's loss: causal SDPA on (batch, heads, seq, dim), then
-    ``(o * o).mean()``."""
+    ``(o * o).mean()``. In the same row blocks as lazyrt's jnp path (64 rows below 256,
+    else 128: block ``[r0, r1)`` against keys ``[0, r1)``), so the floor skips the same
+    masked work."""
     t, d = q.shape[-2], q.shape[-1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    s = jnp.where(causal, q @ jnp.swapaxes(k, -1, -2) / np.sqrt(d), -jnp.inf)
-    o = jax.nn.softmax(s, -1) @ v
+    bs = t if t < 128 else 64 if t < 256 else max(128, -(-t // 16))
+    outs = []
+    for r0 in range(0, t, bs):
+        r1 = min(r0 + bs, t)
+        keep = jnp.arange(r1)[None, :] <= jnp.arange(r0, r1)[:, None]
+        s = jnp.where(keep, q[..., r0:r1, :] @ jnp.swapaxes(k[..., :r1, :], -1, -2) / np.sqrt(d),
+                      -jnp.inf)
+        outs.append(jax.nn.softmax(s, -1) @ v[..., :r1, :])
+    o = jnp.concatenate(outs, -2)
     return (o * o).mean()
 
 

@@ -143,11 +143,11 @@ def test_jax_floor_attention_matches_the_workload():
     from perf.suite import ONLY_FOR
 
     assert set(ONLY_FOR["jax"]) == set(jax_floor.FLOORS)  # the suite runs every floor
-    shape = (1, 2, 8, 4)
-    q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float32)
-               for i in range(3))
-    o = F.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), is_causal=True)
-    got = jax_floor.attention_loss(*map(jnp.asarray, (q, k, v)))
-    assert float(got) == pytest.approx(float((o * o).mean()), rel=1e-5)
+    for shape in [(1, 2, 8, 4), (1, 2, 200, 4)]:  # one block; 4 row blocks, the last short
+        q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+                   for i in range(3))
+        o = F.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), is_causal=True)
+        got = jax_floor.attention_loss(*map(jnp.asarray, (q, k, v)))
+        assert float(got) == pytest.approx(float((o * o).mean()), rel=1e-5)
     ms, losses = jax_floor.run("attention", steps=1, warmup=1, variant="b8h4s128d64")
     assert _num(ms) and len(losses) == 2 and losses[0] == losses[1]
