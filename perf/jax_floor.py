@@ -121,6 +121,8 @@ def attention_loss(q, k, v):
     else 128: block ``[r0, r1)`` against keys ``[0, r1)``), so the floor skips the same
     masked work."""
     t, d = q.shape[-2], q.shape[-1]
+    # NOTE: lazyrt.lowering.attention._causal_blocks' rule, written again: the floor runs
+    # without lazyrt (importing it would)
     bs = t if t < 128 else 64 if t < 256 else max(128, -(-t // 16))
     outs = []
     for r0 in range(0, t, bs):
