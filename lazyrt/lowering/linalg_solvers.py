@@ -76,6 +76,11 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
 # ---- LDL^T (Bunch-Kaufman) --------------------------------------------------------------------
 
 
+def _conj_if(hermitian: bool):
+    """The conjugation hetf2/hetrs apply where sytf2/sytrs transpose (identity for those)."""
+    return jnp.conj if hermitian else (lambda v: v)
+
+
 def _sytf2_lower(a, hermitian=False):
     """LAPACK dsytf2/csytf2 (uplo='L') on one n x n matrix, or zhetf2 with ``hermitian``:
     (LD with the input's upper triangle, 1-based pivots, info). The pivot choice of each
@@ -90,17 +95,14 @@ def _sytf2_lower(a, hermitian=False):
             return jnp.abs(jnp.real(v)) + jnp.abs(jnp.imag(v))
     else:
         cabs = jnp.abs
+    cj = _conj_if(hermitian)
     if hermitian:
         # hetf2 reads only the real part of the diagonal (and keeps it real)
         a = jnp.where(row == col, jnp.real(a).astype(a.dtype), a)
-        cj = jnp.conj
 
         def dabs(v):
             return jnp.abs(jnp.real(v))
     else:
-        def cj(v):
-            return v
-
         dabs = cabs
 
     def first_argmax(v):
@@ -199,7 +201,7 @@ def _sytrs_lower(ld, piv, b, hermitian=False):
     ``hermitian`` (A = P L D L^H P^T)."""
     n = ld.shape[-1]
     idx = jnp.arange(n)
-    cj = jnp.conj if hermitian else (lambda v: v)
+    cj = _conj_if(hermitian)
 
     def swap(B, i, j):
         perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
