@@ -256,6 +256,35 @@ def test_input_mutation_and_aliasing(mode):
     assert_close(out2.cpu(), r_out2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool, torch.int64])
+def test_cpu_scalar_tensor_inputs_stay_on_the_host(mode, dtype):
+    # A 0-d CPU tensor input (as the optimizer's step counter is) is read on the host at
+    # each call: new values need no recompile, and a floating or bool one is no transfer.
+    def f(x, s):
+        return x * s + (s + s)  # s itself, and a host op's result, on the device
+
+    x = torch.randn(3, 4)
+    tx = x.to("tpu")
+    cf = torch.compile(f)
+    vals = [True, False, True] if dtype is torch.bool else [2, -3, 7]
+    outs, counts = [], []
+    for v in vals:
+        s = torch.tensor(v, dtype=dtype)
+        before = _c()
+        out = cf(tx, s)
+        outs.append((out.cpu(), f(x, s)))
+        after = _c()
+        counts.append({k: after[k] - before[k]
+                       for k in ("cache_misses", "transfers_to_device", "compiled_eager_calls")})
+    for got, ref in outs:
+        assert got.dtype == ref.dtype
+        assert_close(got, ref)
+    for c in counts[1:]:
+        assert c["cache_misses"] == 0 and c["compiled_eager_calls"] == 0
+        # integer ones are moved (a runtime scalar is float64: inexact past 2**53)
+        assert c["transfers_to_device"] == (2 if dtype is torch.int64 else 0)
+
+
 def test_index_with_a_python_list(mode):
     def f(y):
         return y[[0, 2]] * 2, y[:, [1, 1, 0]]

@@ -19,11 +19,12 @@ from __future__ import annotations
 import operator
 
 import jax
+import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload
 
 from .. import _defer, _dtypes, _rng
-from .._args import rebuild, spec_of_meta, template, walk
+from .._args import _TRACING_TYPES, rebuild, spec_of_meta, template, walk
 from .._control import flush_pending
 from .._ir import Prog
 from .._plan import make_plan
@@ -115,7 +116,7 @@ class GraphProgram:
             vals: list = []
             scal: list = []
             try:
-                key = tuple([walk(_ENTRY, a, vals, scal, True) for a in args])
+                key = tuple([_input_key(a, vals, scal) for a in args])
             except RuntimeError as ex:  # a CPU tensor input of the whole graph
                 self.reason = str(ex)
             else:
@@ -152,10 +153,16 @@ class _GraphPlan:
     def __init__(self, gp: GraphProgram, args, vals, scal):
         gm = gp.gm
         n_arr, n_f = len(vals), len(scal)
-        tpl = template(list(args), True)
+        # NOTE: a CPU tensor input has no device value (``_input_key``): None in the
+        # template; the plan reads it on the host (``_host_ref``)
+        tpl = [None if _is_cpu_tensor(a) else template(a, True) for a in args]
         self.consts: list = []  # device arrays the graph reads (constants)
         self.host_steps: list = []  # (op, args, kwargs) over refs
         self.host_inputs: list = []  # host refs fed to the device program, per call
+        # NOTE: a 0-d floating or bool host value (the optimizer's bias corrections) enters
+        # as a runtime scalar, not a device_put (~1 us against ~100 us per value)
+        self.host_scalars: list = []  # (host ref, dtype)
+        self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
         self.checks: list = []  # linalg error checks, run on the host after the program
         env: dict = {}
         steps: list = []  # (plan, input refs, floats, random)
@@ -219,12 +226,16 @@ class _GraphPlan:
         self.outs = [x for x in self.outs if x[0] != "checked"]
         n_c, n_h = len(consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
+        n_hs = len(self.host_scalars)
+        hs_dtypes = [dt for _, dt in self.host_scalars]
 
         def graph_fn(*flat):
             inputs = rebuild(tpl, iter(flat[:n_arr]), iter(flat[n_in:n_in + n_f]))
             const_vals = flat[n_arr:n_arr + n_c]
             host_vals = flat[n_arr + n_c:n_in]
-            seeds = iter(flat[n_in + n_f:])
+            host_scal = [jnp.asarray(x, dt) for x, dt in
+                         zip(flat[n_in + n_f:n_in + n_f + n_hs], hs_dtypes)]
+            seeds = iter(flat[n_in + n_f + n_hs:])
             results = []
 
             def value(ref):
@@ -237,6 +248,8 @@ class _GraphPlan:
                     return const_vals[ref[1]]
                 if kind == "hostv":
                     return host_vals[ref[1]]
+                if kind == "hosts":
+                    return host_scal[ref[1]]
                 if kind == "get":
                     return value(ref[1])[ref[2]]
                 return ref[1]  # "py": a Python value
@@ -247,7 +260,7 @@ class _GraphPlan:
                 results.append(_structure(plan, plan.prog.fn(*ins, *floats, *extra)))
             return tuple(value(r) for r in prog_outs)
 
-        kinds = ("f",) * n_f + ("i",) * self.n_random
+        kinds = ("f",) * (n_f + n_hs) + ("i",) * self.n_random
         self.prog = Prog(gp.name, graph_fn, kinds, out_avals,
                          desc=f"{len(steps)} ops", op=None)
         self.prog.graph = True
@@ -289,6 +302,21 @@ class _GraphPlan:
         self.host_steps.append((node.target, args, kwargs))
         return ("host", len(self.host_steps) - 1)
 
+    def _host_ref(self, ref, spec):
+        """The device program's ref for host value ``ref`` (shape/stride/dtype ``spec``):
+        each host value enters once, a 0-d floating or bool one as a runtime scalar."""
+        slot = self._host_slot.get(ref)
+        if slot is None:
+            dtype = spec[2]
+            if spec[0] == () and (dtype.is_floating_point or dtype is torch.bool):
+                self.host_scalars.append((ref, _dtypes.to_jax(dtype)))
+                slot = ("hosts", len(self.host_scalars) - 1)
+            else:
+                self.host_inputs.append(ref)
+                slot = ("hostv", len(self.host_inputs) - 1)
+            self._host_slot[ref] = slot
+        return slot
+
     def _step(self, node, env):
         op = node.target
         e = resolve(op)
@@ -301,13 +329,12 @@ class _GraphPlan:
                 ref = env[a]
                 if ref[0] in ("cpu", "py"):
                     return ref[1]
-                if ref[0] == "host" or (ref[0] == "get" and self._is_host(ref)):
-                    self.host_inputs.append(ref)
-                    ref = ("hostv", len(self.host_inputs) - 1)
                 v = _meta_val(a)
                 if not isinstance(v, torch.Tensor):
                     raise Unsupported(f"{a.name} is not a tensor")
                 spec = _out_spec(v)
+                if self._is_host(ref):
+                    ref = self._host_ref(ref, spec)
                 aval = _abstract(spec[0], _dtypes.to_jax(spec[2]), ref, abstract_refs)
                 return TpuTensor(spec, Storage(aval))
             # NOTE: FX keeps list arguments as immutable_list, which the argument walk
@@ -348,7 +375,8 @@ class _GraphPlan:
             host.append(op(*_host_args(a, host, args), **_host_args(kw, host, args)))
         hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
         inputs = vals + self.consts + hv
-        scal = scal + [_rng.next_seed() for _ in range(self.n_random)]
+        hs = [float(_host_value(r, host, args)) for r, _ in self.host_scalars]
+        scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
         alone = _defer.isolated(self.prog)
         if alone:
@@ -371,6 +399,19 @@ class _GraphPlan:
         for (fn, _, _, rest, kw), info in zip(self.checks, infos):
             fn(concrete(info), *rest, **kw)
         return res
+
+
+def _is_cpu_tensor(a) -> bool:
+    return isinstance(a, torch.Tensor) and type(a) is not TpuTensor and a.device.type == "cpu"
+
+
+def _input_key(a, vals: list, scal: list):
+    """``walk`` for a graph input, except that a 0-d CPU tensor (the optimizer's step
+    counter) stays on the host: the plan reads it there, or passes it as a runtime scalar,
+    instead of a transfer at every call."""
+    if _is_cpu_tensor(a) and a.dim() == 0 and type(a).__name__ not in _TRACING_TYPES:
+        return ("cpu", (), a.dtype)
+    return walk(_ENTRY, a, vals, scal, True)
 
 
 def _host_value(ref, host, args):
