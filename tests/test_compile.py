@@ -285,6 +285,36 @@ def test_cpu_scalar_tensor_inputs_stay_on_the_host(mode, dtype):
         assert c["transfers_to_device"] == (2 if dtype is torch.int64 else 0)
 
 
+def test_inference_graph_mutations_are_written_back(mode):
+    # An inference graph keeps its input mutations (copy_ at its end); lazyrt writes
+    # them into the inputs after the program: a view input, a cast and a broadcast, a CPU
+    # counter, and the version counter bumped as an in-place op bumps it.
+    def f(view, wide, counter, x):
+        view.mul_(2).add_(x)
+        wide.copy_(x.sum(0).double())  # float32 (4,) into float64 (3, 4)
+        counter.add_(1)
+        return view.sum() + counter
+
+    base, wide, x = torch.randn(4, 4), torch.zeros(3, 4, dtype=torch.float64), torch.randn(3, 4)
+    counter = torch.tensor(0.0)
+    tbase, twide, tx = base.to("tpu"), wide.to("tpu"), x.to("tpu")
+    tcounter = counter.clone()
+    cf = torch.compile(f)
+    for step in range(3):
+        v0, w0 = tbase._version, twide._version
+        before = _c()
+        got = cf(tbase[1:], twide, tcounter, tx)
+        after = _c()
+        ref = f(base[1:], wide, counter, x)
+        assert after["compiled_eager_calls"] == before["compiled_eager_calls"]
+        assert_close(got.cpu(), ref)
+        assert_close(tbase.cpu(), base)
+        assert_close(twide.cpu(), wide)
+        assert twide.dtype == torch.float64
+        assert tcounter.item() == counter.item() == step + 1
+        assert tbase._version > v0 and twide._version > w0
+
+
 def test_index_with_a_python_list(mode):
     def f(y):
         return y[[0, 2]] * 2, y[:, [1, 1, 0]]

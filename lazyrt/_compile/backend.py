@@ -26,7 +26,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     return aot_autograd(
         fw_compiler=_forward, bw_compiler=_backward, inference_compiler=_inference,
         decompositions=_decompositions(), partition_fn=min_cut_rematerialization_partition,
-        keep_inference_input_mutations=False,
+        keep_inference_input_mutations=True,
     )(gm, example_inputs)
 
 

@@ -30,7 +30,7 @@ from .._ir import Prog
 from .._plan import make_plan
 from .._resolve import resolve
 from .._tensor import Storage, TpuTensor
-from .._values import concrete, host_to_device, new_tensor, run
+from .._values import concrete, host_to_device, new_tensor, run, write
 from ..metrics import COUNTERS
 
 _X64 = jax.enable_x64
@@ -60,6 +60,9 @@ def _meta_val(node):
 
 def _is_tpu_meta(v) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "tpu"
+
+
+_COPY_ = torch.ops.aten.copy_.default
 
 
 class Unsupported(Exception):
@@ -164,6 +167,11 @@ class _GraphPlan:
         self.host_scalars: list = []  # (host ref, dtype)
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
         self.checks: list = []  # linalg error checks, run on the host after the program
+        # An inference graph's input mutations (``copy_(input, new)`` at its end): device
+        # inputs take a program output after the call, host inputs a host value.
+        self.muts: list = []  # (input index, new value's ref) -> (index, prog output)
+        self.host_muts: list = []  # (input index, host ref)
+        self.copied: dict = {}  # copy_ node -> the input it mutates
         env: dict = {}
         steps: list = []  # (plan, input refs, floats, random)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -192,6 +200,9 @@ class _GraphPlan:
                                     dict(node.kwargs)))
                 env[node] = ("py", (None, None))
                 continue
+            if node.target is _COPY_ and node.args[0].op == "placeholder":
+                env[node] = self._input_mutation(node, env, steps)
+                continue
             host = self._host_node(node, env)
             if host is not None:
                 env[node] = host
@@ -206,6 +217,8 @@ class _GraphPlan:
         prog_outs = []
         for o in out_node.args[0]:
             ref = env.get(o) if isinstance(o, torch.fx.Node) else ("py", o)
+            if o in self.copied:  # the mutated input itself
+                ref = ("in", self.copied[o])
             if ref[0] == "in":
                 self.outs.append(("input", ref[1]))
             elif self._is_host(ref) or ref[0] in ("cpu", "py"):
@@ -216,6 +229,10 @@ class _GraphPlan:
                     raise Unsupported(f"graph output {o.name} is not a tpu tensor")
                 self.outs.append(("prog", len(prog_outs), _out_spec(v)))
                 prog_outs.append(ref)
+        muts, self.muts = self.muts, []
+        for i, ref in muts:
+            self.muts.append((i, len(prog_outs)))
+            prog_outs.append(ref)
         self.check_outs = []
         for _, ref, v, _, _ in self.checks:
             self.check_outs.append((len(prog_outs), _out_spec(v)))
@@ -223,6 +240,11 @@ class _GraphPlan:
             self.outs.append(("checked", _out_spec(v)))
         out_avals = tuple((x[-1][0], _dtypes.to_jax(x[-1][2])) for x in self.outs
                           if x[0] in ("prog", "checked"))
+        # NOTE: prog outputs in order: graph outputs, mutated inputs' values, check infos
+        n_prog = sum(1 for x in self.outs if x[0] == "prog")
+        mut_specs = [_out_spec(_meta_val(placeholders[i])) for i, _ in self.muts]
+        mut_avals = tuple((sp[0], _dtypes.to_jax(sp[2])) for sp in mut_specs)
+        out_avals = out_avals[:n_prog] + mut_avals + out_avals[n_prog:]
         self.outs = [x for x in self.outs if x[0] != "checked"]
         n_c, n_h = len(consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
@@ -302,6 +324,27 @@ class _GraphPlan:
         self.host_steps.append((node.target, args, kwargs))
         return ("host", len(self.host_steps) - 1)
 
+    def _input_mutation(self, node, env, steps):
+        """``copy_(input i, src)``: the ref of i's new value (what later nodes read), kept
+        to be written into input i after the program (``call``)."""
+        dst, src = node.args[0], node.args[1]
+        i = env[dst][1]
+        self.copied[node] = i
+        sref = env[src] if isinstance(src, torch.fx.Node) else ("py", src)
+        if i in self.host_in:
+            if not self._is_host(sref):
+                raise Unsupported(f"{node.name} copies a device value into a CPU input")
+            self.host_muts.append((i, sref))
+            return sref
+        dv, sv = _meta_val(dst), _meta_val(src)
+        same = (isinstance(sv, torch.Tensor) and _is_tpu_meta(sv) and sv.shape == dv.shape
+                and sv.dtype == dv.dtype and not self._is_host(sref))
+        if not same:  # a cast, a broadcast or a host value: aten.copy makes the new value
+            sref = ("node", len(steps))
+            steps.append(self._step(node, env, op=torch.ops.aten.copy.default))
+        self.muts.append((i, sref))
+        return sref
+
     def _host_ref(self, ref, spec):
         """The device program's ref for host value ``ref`` (shape/stride/dtype ``spec``):
         each host value enters once, a 0-d floating or bool one as a runtime scalar."""
@@ -317,8 +360,8 @@ class _GraphPlan:
             self._host_slot[ref] = slot
         return slot
 
-    def _step(self, node, env):
-        op = node.target
+    def _step(self, node, env, op=None):
+        op = node.target if op is None else op
         e = resolve(op)
         if e.fn is None or e.data_dependent or e.mut:
             raise Unsupported(f"{op} ({e.resolution.how}) cannot be part of a compiled program")
@@ -393,6 +436,12 @@ class _GraphPlan:
                 res.append(_host_value(o[1], host, args))
         # NOTE: after the outputs are tensors: reading a check's value flushes the trace
         # (defer), which materializes only values that live tensors hold.
+        for i, k in self.muts:
+            t = args[i]
+            write(t, outs[k])
+            torch.autograd.graph.increment_version(t)  # as the in-place copy_ does
+        for i, ref in self.host_muts:
+            args[i].copy_(_host_value(ref, host, args))
         infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
         if alone:
             flush_pending(ALONE)

@@ -1,0 +1,95 @@
+"""Hugging Face ``generate()`` on tpu against PyTorch CPU: the tokens are equal and the
+scores close, in strict and in defer mode.
+
+Tiny models from ``hf_zoo`` (random init, no hub): decoder LMs (Llama: rotary and GQA;
+GPT-2: learned positions; Mistral: a sliding window shorter than the output) and
+encoder-decoders (T5, BART), with the default dynamic KV cache. Strategies: greedy on a
+left-padded batch, beam search returning several sequences with their scores, and
+logits processors (repetition penalty, no-repeat n-grams, a forced minimum length).
+Sampling is not compared: random values on tpu come from lazyrt's generator.
+(The static cache under ``torch.compile`` is in ``test_compile.py``.)
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from hf_zoo import ARCHS, VOCAB  # noqa: E402
+from test_model_families import _one_cpu_thread  # noqa: E402,F401
+
+PAD = 0
+
+
+def _build(name):
+    model = ARCHS[name].build().eval()
+    model.config.use_cache = True
+    gc = model.generation_config
+    gc.use_cache = True
+    gc.pad_token_id = PAD
+    if gc.decoder_start_token_id is None and model.config.is_encoder_decoder:
+        gc.decoder_start_token_id = 1
+    return model
+
+
+def _prompt(t=6, left_pad=2):
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, VOCAB, (2, t), generator=g)
+    mask = torch.ones(2, t, dtype=torch.long)
+    if left_pad:
+        ids[1, :left_pad] = PAD
+        mask[1, :left_pad] = 0
+    return ids, mask
+
+
+def _generate(model, ids, mask, device, **kw):
+    with torch.no_grad():
+        out = model.to(device).generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                        return_dict_in_generate=True, output_scores=True, **kw)
+    seqs = out.sequences.cpu()
+    scores = [s.cpu() for s in out.scores]
+    extra = out.sequences_scores.cpu() if getattr(out, "sequences_scores", None) is not None \
+        else None
+    model.to("cpu")
+    return seqs, scores, extra
+
+
+def _check(name, mode, left_pad, **kw):
+    model = _build(name)
+    ids, mask = _prompt(left_pad=left_pad)
+    ref = _generate(model, ids, mask, "cpu", **kw)
+    got = _generate(model, ids, mask, "tpu", **kw)
+    assert got[0].dtype == ref[0].dtype and got[0].shape == ref[0].shape
+    assert got[0].tolist() == ref[0].tolist()
+    assert len(got[1]) == len(ref[1])
+    for a, b in zip(got[1], ref[1]):
+        # -inf where a processor banned a token: the same tokens must be banned
+        assert torch.equal(torch.isinf(a), torch.isinf(b))
+        fin = torch.isfinite(b)
+        torch.testing.assert_close(a[fin], b[fin], rtol=1e-4, atol=1e-4)
+    if ref[2] is not None:
+        torch.testing.assert_close(got[2], ref[2], rtol=1e-4, atol=1e-4)
+
+
+NEW = 5
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "mistral"])
+def test_greedy_left_padded_batch(name, mode):
+    _check(name, mode, left_pad=2, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_beam_search_sequences_and_scores(name, mode):
+    _check(name, mode, left_pad=0 if name == "t5" else 2, max_new_tokens=4, num_beams=3,
+           num_return_sequences=2, do_sample=False)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_logits_processors(name, mode):
+    _check(name, mode, left_pad=0, max_new_tokens=NEW, min_new_tokens=NEW - 1, do_sample=False,
+           repetition_penalty=1.3, no_repeat_ngram_size=2)
