@@ -26,12 +26,25 @@ from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
 from ._tensor import TpuTensor, contiguous_spec, contiguous_strides, storage_extent
-from ._values import new_tensor, run, write
+from ._values import new_tensor, run, to_cpu, write
 from .metrics import COUNTERS
 
 aten = torch.ops.aten
 _X64 = jax.enable_x64
 _IDENTITY_VIEWS = frozenset({"alias", "detach", "lift_fresh"})
+
+
+def _fake_for_tracer(t: TpuTensor):
+    """``torch.tensor(data, device="tpu")`` while Dynamo or AOTAutograd traces: the tensor
+    is made for real below the tracing modes, then lifted, and fake mode leaves a subclass
+    it does not know to it. The lift answers for the tracer as for a CUDA tensor's: the
+    data as a CPU constant, lifted and copied to the device through the active modes (a
+    fake tpu tensor; in a graph, a constant and its ``_to_copy``). None when nothing
+    traces."""
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+        return None
+    cpu = aten.lift_fresh.default(to_cpu(t))
+    return aten._to_copy.default(cpu, device=t.device)
 
 
 def functional(e, args, kwargs):
@@ -98,6 +111,10 @@ def view(e, args, kwargs):
         remember(e.plans, key, plan)
     st = base._st
     if e.packet in _IDENTITY_VIEWS:
+        if e.packet == "lift_fresh":
+            fake = _fake_for_tracer(base)
+            if fake is not None:
+                return fake
         # detach/alias: the same storage at the same chain, no extra step to derive.
         return TpuTensor(plan.out_specs[0], st, base._chain, base._cache, base._cver)
     prefix = base._chain or ()

@@ -285,6 +285,26 @@ def test_cpu_scalar_tensor_inputs_stay_on_the_host(mode, dtype):
         assert c["transfers_to_device"] == (2 if dtype is torch.int64 else 0)
 
 
+def test_tensor_made_on_tpu_inside_a_graph(mode):
+    # torch.tensor(..., device="tpu") while Dynamo traces (a sliding-window cache's roll
+    # index does this): a fake tensor for the tracer, a constant of the program after
+    def f(x, k):
+        idx = torch.tensor([-1], dtype=torch.long, device=x.device)
+        y = x.roll(-1, dims=-2)
+        y[:, :, idx] = k
+        return y * torch.tensor(2.0, device=x.device)
+
+    x, k = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 1, 3)
+    cf = torch.compile(f)
+    before = _c()
+    got = cf(x.to("tpu"), k.to("tpu"))
+    after = _c()
+    ref = f(x, k)
+    assert after["compiled_eager_calls"] == before["compiled_eager_calls"]
+    assert got.shape == ref.shape and got.stride() == ref.stride()
+    assert_close(got.cpu(), ref)
+
+
 def test_inference_graph_mutations_are_written_back(mode):
     # An inference graph keeps its input mutations (copy_ at its end); lazyrt writes
     # them into the inputs after the program: a view input, a cast and a broadcast, a CPU

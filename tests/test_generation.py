@@ -7,7 +7,8 @@ encoder-decoders (T5, BART), with the default dynamic KV cache. Strategies: gree
 left-padded batch, beam search returning several sequences with their scores, and
 logits processors (repetition penalty, no-repeat n-grams, a forced minimum length).
 Sampling is not compared: random values on tpu come from lazyrt's generator.
-(The static cache under ``torch.compile`` is in ``test_compile.py``.)
+The static cache (compiled by transformers for tpu): Gemma 3, whose sliding-window
+layers roll their cache (also ``test_compile.py``).
 """
 from __future__ import annotations
 
@@ -93,3 +94,10 @@ def test_beam_search_sequences_and_scores(name, mode):
 def test_logits_processors(name, mode):
     _check(name, mode, left_pad=0, max_new_tokens=NEW, min_new_tokens=NEW - 1, do_sample=False,
            repetition_penalty=1.3, no_repeat_ngram_size=2)
+
+
+def test_static_cache_with_a_sliding_window(mode):
+    # transformers compiles a static-cache decode step for tpu; Gemma 3's sliding layers
+    # roll their cache with a tensor made on the device inside the graph
+    _check("gemma3_text", mode, left_pad=2, max_new_tokens=4, min_new_tokens=4,
+           do_sample=False, cache_implementation="static")
