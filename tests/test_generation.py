@@ -101,3 +101,28 @@ def test_static_cache_with_a_sliding_window(mode):
     # roll their cache with a tensor made on the device inside the graph
     _check("gemma3_text", mode, left_pad=2, max_new_tokens=4, min_new_tokens=4,
            do_sample=False, cache_implementation="static")
+
+
+def test_sampling_is_seeded_and_the_same_in_both_modes():
+    # Sampled tokens come from lazyrt's generator (not CPU's): torch.manual_seed makes
+    # them reproducible, and strict and defer draw the same ones.
+    import lazyrt
+
+    ids, mask = _prompt()
+    model = _build("llama").to("tpu")
+    kw = dict(do_sample=True, top_k=10, top_p=0.9, temperature=0.8, max_new_tokens=4,
+              min_new_tokens=4)
+    got = {}
+    for m in ("strict", "defer"):
+        with lazyrt.set_mode(m):
+            runs = []
+            for _ in range(2):
+                torch.manual_seed(3)
+                runs.append(model.generate(input_ids=ids.to("tpu"),
+                                           attention_mask=mask.to("tpu"), **kw).cpu())
+        assert torch.equal(runs[0], runs[1])
+        got[m] = runs[0]
+    assert torch.equal(got["strict"], got["defer"])
+    assert got["strict"].shape == (2, ids.shape[1] + 4)
+    assert torch.equal(got["strict"][:, :ids.shape[1]], ids)
+    assert int(got["strict"].min()) >= 0 and int(got["strict"].max()) < VOCAB
