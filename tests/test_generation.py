@@ -110,8 +110,8 @@ def test_sampling_is_seeded_and_the_same_in_both_modes():
 
     ids, mask = _prompt()
     model = _build("llama").to("tpu")
-    kw = dict(do_sample=True, top_k=10, top_p=0.9, temperature=0.8, max_new_tokens=4,
-              min_new_tokens=4)
+    kw = {"do_sample": True, "top_k": 10, "top_p": 0.9, "temperature": 0.8,
+          "max_new_tokens": 4, "min_new_tokens": 4}
     got = {}
     for m in ("strict", "defer"):
         with lazyrt.set_mode(m):
