@@ -79,18 +79,23 @@ def _check(name, mode, left_pad, **kw):
 NEW = 5
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "mistral"])
+def _models(ci, slow):
+    """The models a test runs: ``ci`` in the default run, ``slow`` with ``-m slow`` too."""
+    return [*ci, *(pytest.param(n, marks=pytest.mark.slow) for n in slow)]
+
+
+@pytest.mark.parametrize("name", _models(["llama", "mistral"], ["gpt2"]))
 def test_greedy_left_padded_batch(name, mode):
     _check(name, mode, left_pad=2, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
 
 
-@pytest.mark.parametrize("name", ["llama", "t5"])
+@pytest.mark.parametrize("name", _models(["llama"], ["t5"]))
 def test_beam_search_sequences_and_scores(name, mode):
     _check(name, mode, left_pad=0 if name == "t5" else 2, max_new_tokens=4, num_beams=3,
            num_return_sequences=2, do_sample=False)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bart"])
+@pytest.mark.parametrize("name", _models(["gpt2"], ["bart"]))
 def test_logits_processors(name, mode):
     _check(name, mode, left_pad=0, max_new_tokens=NEW, min_new_tokens=NEW - 1, do_sample=False,
            repetition_penalty=1.3, no_repeat_ngram_size=2)

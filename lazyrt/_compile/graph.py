@@ -24,7 +24,7 @@ import torch
 from torch._ops import OpOverload
 
 from .. import _defer, _dtypes, _rng
-from .._args import _TRACING_TYPES, rebuild, spec_of_meta, template, walk
+from .._args import rebuild, spec_of_meta, template, walk
 from .._control import flush_pending
 from .._ir import Prog
 from .._plan import make_plan
@@ -32,6 +32,7 @@ from .._resolve import resolve
 from .._tensor import Storage, TpuTensor
 from .._values import concrete, host_to_device, new_tensor, run, write
 from ..metrics import COUNTERS
+from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
 
 _X64 = jax.enable_x64
 
@@ -42,16 +43,6 @@ def _abstract(shape, dtype, ref, refs: dict):
     a = jax.ShapeDtypeStruct(shape, dtype)
     refs[id(a)] = (a, ref)
     return a
-
-
-class _GraphEntry:
-    """What ``_args.walk`` needs of an op, for a graph's own inputs."""
-
-    name = "torch.compile graph"
-    packet = "compiled_graph"
-
-
-_ENTRY = _GraphEntry()
 
 
 def _meta_val(node):
@@ -448,50 +439,6 @@ class _GraphPlan:
         for (fn, _, _, rest, kw), info in zip(self.checks, infos):
             fn(concrete(info), *rest, **kw)
         return res
-
-
-def _is_cpu_tensor(a) -> bool:
-    return isinstance(a, torch.Tensor) and type(a) is not TpuTensor and a.device.type == "cpu"
-
-
-def _input_key(a, vals: list, scal: list):
-    """``walk`` for a graph input, except that a 0-d CPU tensor (the optimizer's step
-    counter) stays on the host: the plan reads it there, or passes it as a runtime scalar,
-    instead of a transfer at every call."""
-    if _is_cpu_tensor(a) and a.dim() == 0 and type(a).__name__ not in _TRACING_TYPES:
-        return ("cpu", (), a.dtype)
-    return walk(_ENTRY, a, vals, scal, True)
-
-
-def _host_value(ref, host, args):
-    kind = ref[0]
-    if kind == "host":
-        return host[ref[1]]
-    if kind == "in":
-        return args[ref[1]]
-    if kind == "get":
-        return _host_value(ref[1], host, args)[ref[2]]
-    return ref[1]  # "cpu" / "py"
-
-
-class _HostRef:
-    """A node value in a host step's arguments."""
-
-    __slots__ = ("ref",)
-
-    def __init__(self, ref):
-        self.ref = ref
-
-
-def _host_args(a, host, args):
-    """Host-step arguments: refs replaced by their values."""
-    if type(a) is _HostRef:
-        return _host_value(a.ref, host, args)
-    if isinstance(a, (list, tuple)):
-        return type(a)(_host_args(x, host, args) for x in a)
-    if isinstance(a, dict):
-        return {k: _host_args(v, host, args) for k, v in a.items()}
-    return a
 
 
 def _out_spec(v) -> tuple:

@@ -1,0 +1,63 @@
+"""The host side of a compiled graph (``graph._GraphPlan``): its CPU inputs and the CPU
+work on them (the optimizer's step counters), read and run at each call as eager does.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._args import _TRACING_TYPES, walk
+from .._tensor import TpuTensor
+
+
+class _GraphEntry:
+    """What ``_args.walk`` needs of an op, for a graph's own inputs."""
+
+    name = "torch.compile graph"
+    packet = "compiled_graph"
+
+
+_ENTRY = _GraphEntry()
+
+
+def _is_cpu_tensor(a) -> bool:
+    return isinstance(a, torch.Tensor) and type(a) is not TpuTensor and a.device.type == "cpu"
+
+
+def _input_key(a, vals: list, scal: list):
+    """``walk`` for a graph input, except that a 0-d CPU tensor (the optimizer's step
+    counter) stays on the host: the plan reads it there, or passes it as a runtime scalar,
+    instead of a transfer at every call."""
+    if _is_cpu_tensor(a) and a.dim() == 0 and type(a).__name__ not in _TRACING_TYPES:
+        return ("cpu", (), a.dtype)
+    return walk(_ENTRY, a, vals, scal, True)
+
+
+def _host_value(ref, host, args):
+    kind = ref[0]
+    if kind == "host":
+        return host[ref[1]]
+    if kind == "in":
+        return args[ref[1]]
+    if kind == "get":
+        return _host_value(ref[1], host, args)[ref[2]]
+    return ref[1]  # "cpu" / "py"
+
+
+class _HostRef:
+    """A node value in a host step's arguments."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+
+def _host_args(a, host, args):
+    """Host-step arguments: refs replaced by their values."""
+    if type(a) is _HostRef:
+        return _host_value(a.ref, host, args)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_host_args(x, host, args) for x in a)
+    if isinstance(a, dict):
+        return {k: _host_args(v, host, args) for k, v in a.items()}
+    return a
