@@ -160,7 +160,8 @@ class _GraphPlan:
         self.checks: list = []  # linalg error checks, run on the host after the program
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
-        self.muts: list = []  # (input index, new value's ref) -> (index, prog output)
+        self.mut_refs: list = []  # (input index, its new value's ref)
+        self.muts: list = []  # (input index, the program output holding its new value)
         self.host_muts: list = []  # (input index, host ref)
         self.copied: dict = {}  # copy_ node -> the input it mutates
         env: dict = {}
@@ -205,7 +206,14 @@ class _GraphPlan:
         # Graph outputs: the prog's outputs (tensors made on the device), the inputs
         # themselves (returned as they are: exact aliasing), host values, constants.
         self.outs = []
-        prog_outs = []
+        prog_outs = []  # refs of the program's outputs, in order
+        out_avals = []  # their (shape, dtype)
+
+        def prog_out(ref, spec) -> int:
+            prog_outs.append(ref)
+            out_avals.append((spec[0], _dtypes.to_jax(spec[2])))
+            return len(prog_outs) - 1
+
         for o in out_node.args[0]:
             ref = env.get(o) if isinstance(o, torch.fx.Node) else ("py", o)
             if o in self.copied:  # the mutated input itself
@@ -218,25 +226,16 @@ class _GraphPlan:
                 v = _meta_val(o)
                 if not _is_tpu_meta(v):
                     raise Unsupported(f"graph output {o.name} is not a tpu tensor")
-                self.outs.append(("prog", len(prog_outs), _out_spec(v)))
-                prog_outs.append(ref)
-        muts, self.muts = self.muts, []
-        for i, ref in muts:
-            self.muts.append((i, len(prog_outs)))
-            prog_outs.append(ref)
+                spec = _out_spec(v)
+                self.outs.append(("prog", prog_out(ref, spec), spec))
+        # then the mutated inputs' new values, then the checks' infos
+        self.muts = [(i, prog_out(ref, _out_spec(_meta_val(placeholders[i]))))
+                     for i, ref in self.mut_refs]
         self.check_outs = []
         for _, ref, v, _, _ in self.checks:
-            self.check_outs.append((len(prog_outs), _out_spec(v)))
-            prog_outs.append(ref)
-            self.outs.append(("checked", _out_spec(v)))
-        out_avals = tuple((x[-1][0], _dtypes.to_jax(x[-1][2])) for x in self.outs
-                          if x[0] in ("prog", "checked"))
-        # NOTE: prog outputs in order: graph outputs, mutated inputs' values, check infos
-        n_prog = sum(1 for x in self.outs if x[0] == "prog")
-        mut_specs = [_out_spec(_meta_val(placeholders[i])) for i, _ in self.muts]
-        mut_avals = tuple((sp[0], _dtypes.to_jax(sp[2])) for sp in mut_specs)
-        out_avals = out_avals[:n_prog] + mut_avals + out_avals[n_prog:]
-        self.outs = [x for x in self.outs if x[0] != "checked"]
+            spec = _out_spec(v)
+            self.check_outs.append((prog_out(ref, spec), spec))
+        out_avals = tuple(out_avals)
         n_c, n_h = len(consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
         n_hs = len(self.host_scalars)
@@ -321,19 +320,20 @@ class _GraphPlan:
         dst, src = node.args[0], node.args[1]
         i = env[dst][1]
         self.copied[node] = i
-        sref = env[src] if isinstance(src, torch.fx.Node) else ("py", src)
+        if not isinstance(src, torch.fx.Node):
+            raise Unsupported(f"{node.name} copies a non-tensor into an input")
+        sref = env[src]
         if i in self.host_in:
             if not self._is_host(sref):
                 raise Unsupported(f"{node.name} copies a device value into a CPU input")
             self.host_muts.append((i, sref))
             return sref
         dv, sv = _meta_val(dst), _meta_val(src)
-        same = (isinstance(sv, torch.Tensor) and _is_tpu_meta(sv) and sv.shape == dv.shape
-                and sv.dtype == dv.dtype and not self._is_host(sref))
-        if not same:  # a cast, a broadcast or a host value: aten.copy makes the new value
+        if not (_is_tpu_meta(sv) and sv.shape == dv.shape and sv.dtype == dv.dtype):
+            # a cast, a broadcast or a host value: aten.copy makes the new value
             sref = ("node", len(steps))
             steps.append(self._step(node, env, op=torch.ops.aten.copy.default))
-        self.muts.append((i, sref))
+        self.mut_refs.append((i, sref))
         return sref
 
     def _host_ref(self, ref, spec):
