@@ -11,6 +11,11 @@ Rows, each in a fresh process (median step, median of ``--repeat`` rounds):
   optimizer step compiled too) on CPU tensors: Dynamo's guards, AOTAutograd's runtime
   wrappers, eager kernels. What ``torch.compile`` itself costs per step, with no backend
   work at all;
+- ``tpu floor``: the least any Python ``__torch_dispatch__`` backend on the ``tpu`` device
+  costs: a wrapper tensor around a CPU tensor whose dispatch only unwraps the arguments,
+  calls PyTorch's CPU kernel and wraps the outputs (no lowering, recording or program).
+  It pays what lazyrt pays around its own work: Python dispatch per op, autograd's device
+  thread, the optimizer's foreach Python;
 - ``tpu strict`` / ``tpu defer`` / ``tpu compiled`` / ``tpu compiled + step``: lazyrt.
 
 A whole-step plain-JAX program has about 0.1 ms of host time, so on a CPU (where the
@@ -25,8 +30,48 @@ import subprocess
 import sys
 
 CONFIGS = [("cpu", "eager", False), ("cpu", "aot_eager", False), ("cpu", "aot_eager", True),
-           ("tpu", "strict", False), ("tpu", "defer", False), ("tpu", "compiled", False),
+           ("tpu", "floor", False), ("tpu", "strict", False), ("tpu", "defer", False), ("tpu", "compiled", False),
            ("tpu", "compiled", True)]
+
+
+def _floor_type():
+    """A wrapper tensor on ``tpu`` whose ops run PyTorch's CPU kernels on an inner tensor."""
+    import torch
+    import torch.optim.optimizer as optim_mod
+
+    import lazyrt  # noqa: F401  (registers the tpu device)
+
+    make, dev = torch.Tensor._make_wrapper_subclass, torch.device("tpu:0")
+
+    class Floor(torch.Tensor):
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @staticmethod
+        def __new__(cls, inner):
+            r = make(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=dev,
+                     requires_grad=inner.requires_grad)
+            r._t = inner
+            return r
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            args = [a._t if type(a) is Floor else
+                    [b._t if type(b) is Floor else b for b in a] if type(a) is list else a
+                    for a in args]
+            if kwargs:
+                out = func(*args, **{k: v._t if type(v) is Floor else v
+                                     for k, v in kwargs.items()})
+            else:
+                out = func(*args)
+            if type(out) is torch.Tensor:
+                return Floor(out)
+            if type(out) in (list, tuple):
+                return type(out)(Floor(o) if type(o) is torch.Tensor else o for o in out)
+            return out
+
+    # torch.optim takes its foreach path on the tpu device, as it does for lazyrt's tensor
+    optim_mod._foreach_supported_types.append(Floor)
+    return Floor
 
 
 def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup: int) -> float:
@@ -36,15 +81,23 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup:
     import torch.nn.functional as F
     from torch import nn
 
-    if device == "tpu":
+    if device == "tpu" and kind != "floor":
         import lazyrt
 
         lazyrt.set_mode("strict" if kind == "strict" else "defer")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
-                          nn.ReLU(), nn.Linear(width, 10)).to(device)
-    x = torch.randn(64, width).to(device)
-    y = torch.randint(0, 10, (64,)).to(device)
+                          nn.ReLU(), nn.Linear(width, 10))
+    x = torch.randn(64, width)
+    y = torch.randint(0, 10, (64,))
+    if kind == "floor":
+        floor = _floor_type()
+        for m in model:
+            for name, p in list(m.named_parameters(recurse=False)):
+                setattr(m, name, nn.Parameter(floor(p.detach().clone())))
+        x, y = floor(x), floor(y)
+    else:
+        model, x, y = model.to(device), x.to(device), y.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if kind in ("aot_eager", "compiled"):
         kw = {"backend": "aot_eager"} if kind == "aot_eager" else {}

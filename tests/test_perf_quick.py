@@ -151,3 +151,31 @@ def test_jax_floor_attention_matches_the_workload():
         assert float(got) == pytest.approx(float((o * o).mean()), rel=1e-5)
     ms, losses = jax_floor.run("attention", steps=1, warmup=1, variant="b8h4s128d64")
     assert _num(ms) and len(losses) == 2 and losses[0] == losses[1]
+
+
+def test_step_overhead_floor_backend_computes_what_cpu_does():
+    # perf.step_overhead's "tpu floor" row is a real backend (CPU kernels under a tpu
+    # wrapper tensor), or the floor it reports would mean nothing.
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from perf.step_overhead import _floor_type
+
+    floor = _floor_type()
+    torch.manual_seed(0)
+    ref = nn.Linear(5, 3)
+    x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
+    model = nn.Linear(5, 3)
+    for name, p in ref.named_parameters():
+        setattr(model, name, nn.Parameter(floor(p.detach().clone())))
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (ref, model)]
+    for m, opt, xx, yy in ((ref, opts[0], x, y), (model, opts[1], floor(x), floor(y))):
+        for _ in range(2):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(xx), yy)
+            loss.backward()
+            opt.step()
+    assert model.weight.device.type == "tpu"
+    torch.testing.assert_close(model.weight._t, ref.weight.detach())
+    torch.testing.assert_close(model.bias._t, ref.bias.detach())
