@@ -25,17 +25,20 @@ machinery allows. Reported, never asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
 
 CONFIGS = [("cpu", "eager", False), ("cpu", "aot_eager", False), ("cpu", "aot_eager", True),
-           ("tpu", "floor", False), ("tpu", "strict", False), ("tpu", "defer", False), ("tpu", "compiled", False),
-           ("tpu", "compiled", True)]
+           ("tpu", "floor", False), ("tpu", "strict", False), ("tpu", "defer", False),
+           ("tpu", "compiled", False), ("tpu", "compiled", True)]
 
 
+@functools.cache
 def _floor_type():
-    """A wrapper tensor on ``tpu`` whose ops run PyTorch's CPU kernels on an inner tensor."""
+    """A wrapper tensor on ``tpu`` whose ops run PyTorch's CPU kernels on an inner tensor
+    (one class per process: torch.optim's foreach list gets it once)."""
     import torch
     import torch.optim.optimizer as optim_mod
 
@@ -74,6 +77,17 @@ def _floor_type():
     return Floor
 
 
+def _on_floor(model):
+    """``model`` with each parameter moved under the floor wrapper (in place)."""
+    from torch import nn
+
+    floor = _floor_type()
+    for m in model.modules():
+        for name, p in list(m.named_parameters(recurse=False)):
+            setattr(m, name, nn.Parameter(floor(p.detach().clone())))
+    return model
+
+
 def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup: int) -> float:
     import time
 
@@ -92,10 +106,7 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup:
     y = torch.randint(0, 10, (64,))
     if kind == "floor":
         floor = _floor_type()
-        for m in model:
-            for name, p in list(m.named_parameters(recurse=False)):
-                setattr(m, name, nn.Parameter(floor(p.detach().clone())))
-        x, y = floor(x), floor(y)
+        model, x, y = _on_floor(model), floor(x), floor(y)
     else:
         model, x, y = model.to(device), x.to(device), y.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

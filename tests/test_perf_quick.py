@@ -5,6 +5,7 @@ steps. Never checks timings (they depend on the machine and its load).
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -160,15 +161,13 @@ def test_step_overhead_floor_backend_computes_what_cpu_does():
     import torch.nn.functional as F
     from torch import nn
 
-    from perf.step_overhead import _floor_type
+    from perf.step_overhead import _floor_type, _on_floor
 
     floor = _floor_type()
     torch.manual_seed(0)
     ref = nn.Linear(5, 3)
     x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
-    model = nn.Linear(5, 3)
-    for name, p in ref.named_parameters():
-        setattr(model, name, nn.Parameter(floor(p.detach().clone())))
+    model = _on_floor(copy.deepcopy(ref))
     opts = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in (ref, model)]
     for m, opt, xx, yy in ((ref, opts[0], x, y), (model, opts[1], floor(x), floor(y))):
         for _ in range(2):
