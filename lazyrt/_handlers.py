@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import _dtypes, _fallback, _values, memory
+from . import _append, _dtypes, _fallback, _values, memory
 from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
@@ -32,6 +32,7 @@ from .metrics import COUNTERS
 aten = torch.ops.aten
 _X64 = jax.enable_x64
 _IDENTITY_VIEWS = frozenset({"alias", "detach", "lift_fresh"})
+_WINDOWS = frozenset({"slice", "select"})
 
 
 def _fake_for_tracer(t: TpuTensor):
@@ -85,6 +86,10 @@ def view(e, args, kwargs):
     base = args[0]
     if type(base) is not TpuTensor:
         return functional(e, args, kwargs)
+    if base._chain is not None and e.packet in _WINDOWS:
+        w = _append.window(e.packet, base, args, kwargs)
+        if w is not None:  # the end of a grown tensor: from its buffer
+            return view(e, *w)
     if e.packet == "as_strided":
         _check_storage_bounds(base, args, kwargs)
         if base._chain is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _defer
+from . import _append, _defer
 from ._args import to_meta
 from ._handlers import functional, mutating, restride
 from ._ir import Pending
@@ -66,6 +66,31 @@ def _replaces_whole(dst: TpuTensor, src: torch.Tensor) -> bool:
     shape = dst._spec[0]
     return (dst._chain is None and src.dtype == dst.dtype and tuple(src.shape) == shape
             and dst._spec[3] == 0 and tuple(dst._st.value.shape) == shape)
+
+
+def cat(e, args, kwargs):
+    """``torch.cat``; appending to a grown integer or bool tensor goes through its buffer
+    (``_append``: the programs do not change with its length)."""
+    ts = args[0] if args else kwargs["tensors"]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    d = _append.appendable(ts[0], ts[1], dim) if len(ts) == 2 else None
+    if d is None:
+        return functional(e, args, kwargs)
+    x, y = ts
+    g = _append.whole(x)
+    if g is None or g.dim != d:
+        return _append.mark(functional(e, args, kwargs), d)
+    m = x.shape[d] + y.shape[d]
+    cap = x._st.value.shape[d] if g.chain is not None else 0
+    if m <= cap:  # room left: the buffer less its first k, then the piece
+        head = aten.slice.Tensor(_append.root(x), d, y.shape[d], cap)
+    else:  # the first buffer, or the next bucket: x right-aligned in it
+        cap = _append.bucket(m)
+        head = aten.constant_pad_nd.default(x, [0, 0] * (x.dim() - 1 - d) + [cap - m, 0], 0)
+    buf = functional(e, ([head, y], d), {})
+    out = aten.slice.Tensor(buf, d, cap - m, cap)
+    _append.grown_in(buf._st, d, out._chain)
+    return out
 
 
 def local_scalar_dense(e, args, kwargs):
@@ -279,6 +304,7 @@ def _scalars_read(op, name: str):
 SPECIAL = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: copy_,
+    aten.cat.default: cat,
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.equal.default: equal,
     aten.allclose.default: allclose,

@@ -1,0 +1,125 @@
+"""Append buffers: a tensor grown piece by piece with ``torch.cat`` along one dim lives in
+a bucketed buffer, so the programs that grow it and read its end do not change with its
+length.
+
+A generation loop grows its token ids (and position ids, the attention mask) by one
+token a step, ``ids = torch.cat([ids, new], dim=-1)``, and reads their end
+(``ids[:, -1:]``). With exact shapes every step's programs are new ones: one compile per
+token. Here:
+
+* the result of a 2-input ``cat`` of integer or bool tensors is marked as grown along
+  that dim (``mark``);
+* appending to a marked tensor again makes the result a view ``buf[..., cap-m:]`` of a
+  buffer whose capacity ``cap`` along the dim is a power of two (at least 64), holding
+  the ``m`` elements right-aligned (``view_of``). The next append builds the next buffer
+  from ``buf[..., k:]`` and the new piece: its program depends on ``cap`` and ``k`` only.
+  A full buffer moves to the next bucket (one program per bucket);
+* a ``slice``/``select`` along that dim ending at the tensor's end (``ids[:, -1:]``,
+  ``ids[:, -1]``) is taken from the buffer at a fixed distance from its end (``window``):
+  one view program at every length.
+
+Each append makes a new buffer (``cat`` returns new storage), so an older tensor, or a
+second append to it (beam search), never sees another's elements. A grown tensor is a
+true view of its buffer: its strides and storage offset are the buffer's (a batch of
+several rows is not contiguous; ``reshape``, not ``view``, flattens it). Every other read
+of it derives the ``m`` elements as from any view. Floating tensors are never buffered:
+a model's activations and KV caches keep exact storage, and their readers read all of it.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+from ._tensor import TpuTensor, contiguous_spec
+
+MIN_CAPACITY = 64
+
+
+class Grown(NamedTuple):
+    dim: int  # the dim it grows along
+    chain: tuple | None  # the view chain of the whole tensor in its buffer; None: exact
+
+
+# Storage -> Grown, for storages holding a tensor grown by appends.
+_GROWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def bucket(m: int) -> int:
+    """The capacity of a buffer holding ``m`` elements along its grown dim."""
+    return max(MIN_CAPACITY, 1 << (m - 1).bit_length())
+
+
+def whole(t: TpuTensor) -> Grown | None:
+    """How ``t`` grows, when it is the whole of a grown tensor (itself, or a detached
+    alias), else None."""
+    g = _GROWN.get(t._st)
+    if g is None or t._chain is not g.chain:
+        return None
+    return g
+
+
+def appendable(x, y, dim) -> int | None:
+    """The (non-negative) dim when ``cat([x, y], dim)`` appends ``y`` to ``x`` and may be
+    buffered, else None (``cat`` then runs as usual, with its own checks and errors)."""
+    if type(x) is not TpuTensor or type(y) is not TpuTensor or type(dim) is not int:
+        return None
+    dt = x.dtype
+    if y.dtype != dt or dt.is_floating_point or dt.is_complex:
+        return None
+    nd = x.dim()
+    if nd == 0 or y.dim() != nd or not -nd <= dim < nd:
+        return None
+    d = dim % nd
+    xs, ys = x.shape, y.shape
+    if xs[d] == 0 or ys[d] == 0 or any(xs[i] != ys[i] for i in range(nd) if i != d):
+        return None
+    return d
+
+
+def mark(t: TpuTensor, dim: int) -> TpuTensor:
+    """``t`` (a fresh exact ``cat`` result) is a tensor grown along ``dim``."""
+    _GROWN[t._st] = Grown(dim, None)
+    return t
+
+
+def grown_in(st, dim: int, chain: tuple) -> None:
+    """Storage ``st`` is the buffer of a grown tensor: the view ``chain`` of it."""
+    _GROWN[st] = Grown(dim, chain)
+
+
+def root(t: TpuTensor) -> TpuTensor:
+    """The base tensor of ``t``'s storage (its whole buffer)."""
+    v = t._st.value
+    return TpuTensor(contiguous_spec(v.shape, t.dtype), t._st)
+
+
+def window(packet: str, base: TpuTensor, args, kwargs):
+    """``slice``/``select`` of a whole buffered tensor along its grown dim, ending at its
+    end: the same op's arguments on the buffer (a fixed distance from the buffer's end),
+    else None."""
+    g = _GROWN.get(base._st)
+    if g is None or g.chain is None or base._chain is not g.chain:
+        return None
+    nd = base.dim()
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if type(dim) is not int or not -nd <= dim < nd or dim % nd != g.dim:
+        return None
+    n = base.shape[g.dim]
+    cap = base._st.value.shape[g.dim]
+    if packet == "select":
+        i = args[2] if len(args) > 2 else kwargs.get("index")
+        if type(i) is not int or not -n <= i < n:
+            return None
+        return (root(base), g.dim, cap - n + i % n), {}
+    start = args[2] if len(args) > 2 else kwargs.get("start")
+    end = args[3] if len(args) > 3 else kwargs.get("end")
+    step = args[4] if len(args) > 4 else kwargs.get("step", 1)
+    if step != 1 or any(v is not None and type(v) is not int for v in (start, end)):
+        return None
+    s = 0 if start is None else (start + n if start < 0 else start)
+    if end is not None and (end + n if end < 0 else end) < n:
+        return None
+    s = min(max(s, 0), n)
+    if s == n:
+        return None
+    return (root(base), g.dim, cap - (n - s), cap), {}
