@@ -131,3 +131,44 @@ def test_sampling_is_seeded_and_the_same_in_both_modes():
     assert got["strict"].shape == (2, ids.shape[1] + 4)
     assert torch.equal(got["strict"][:, :ids.shape[1]], ids)
     assert int(got["strict"].min()) >= 0 and int(got["strict"].max()) < VOCAB
+
+
+class _CompilesPerToken:
+    """A streamer: the programs compiled since the previous token, at each token."""
+
+    def __init__(self):
+        from lazyrt import metrics
+
+        self.metrics = metrics
+        self.per_token = []
+        self.metrics.reset()
+
+    def put(self, value):
+        self.per_token.append(self.metrics.counters()["cache_misses"])
+        self.metrics.reset()
+
+    def end(self):
+        pass
+
+
+def test_static_cache_compiles_nothing_per_token(mode):
+    """With the static cache, the token ids and positions that grow by one a step live in
+    append buffers (``lazyrt/_append.py``): after the first tokens, a token compiles no
+    program, and the tokens are CPU's. (The last token compiles one: the stopping
+    criterion's constant flips to True. A padded batch still compiles its mask's programs
+    at every token: transformers reads the whole 2-D mask each step; README, Generation.)"""
+    model = _build("llama")
+    ids, mask = _prompt(t=5, left_pad=0)
+    ids, mask = ids[:1], mask[:1]
+    kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False,
+          "cache_implementation": "static"}
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        model.to("tpu")
+        counter = _CompilesPerToken()
+        got = model.generate(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu"),
+                             streamer=counter, **kw).cpu()
+    assert got.tolist() == ref.tolist()
+    # the prompt, then one token per step
+    assert len(counter.per_token) == 1 + 14
+    assert sum(counter.per_token[6:-1]) == 0, str(counter.per_token)
