@@ -55,7 +55,7 @@ def test_values_and_ends_match_cpu(mode, shape, dim, dtype):
 def test_slices_and_selects_like_python_indexing(mode):
     x = torch.arange(12).reshape(2, 6)
     xt = x.to("tpu")
-    for i in range(3):
+    for _ in range(3):
         x = torch.cat([x, x[:, -1:] + 1], -1)
         xt = torch.cat([xt, xt[:, -1:] + 1], -1)
     for idx in [(slice(None), slice(-3, None)), (slice(None), slice(2, None)),
