@@ -16,7 +16,11 @@ token. Here:
   A full buffer moves to the next bucket (one program per bucket);
 * a ``slice``/``select`` along that dim ending at the tensor's end (``ids[:, -1:]``,
   ``ids[:, -1]``) is taken from the buffer at a fixed distance from its end (``window``):
-  one view program at every length.
+  one view program at every length;
+* a dtype cast of a grown tensor casts its buffer (the result grows as it did), and
+  padding it on the right to a fixed length (``F.pad(mask, (0, L - n))``, transformers'
+  static-cache padding mask) is one program per ``L`` that takes the length ``n`` as a
+  runtime scalar (``pad_right``).
 
 Each append makes a new buffer (``cat`` returns new storage), so an older tensor, or a
 second append to it (beam search), never sees another's elements. A grown tensor is a
@@ -27,9 +31,13 @@ a model's activations and KV caches keep exact storage, and their readers read a
 """
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import NamedTuple
 
+import jax.numpy as jnp
+
+from ._ir import Prog
 from ._tensor import TpuTensor, contiguous_spec
 
 MIN_CAPACITY = 64
@@ -123,3 +131,52 @@ def window(packet: str, base: TpuTensor, args, kwargs):
     if s == n:
         return None
     return (root(base), g.dim, cap - (n - s), cap), {}
+
+
+_PAD_PROGS: collections.OrderedDict = collections.OrderedDict()
+_PAD_PROGS_MAX = 64
+
+
+def pad_right(x: TpuTensor, pad, value):
+    """``constant_pad_nd(x, pad, value)`` of a whole buffered ``x`` padded only at the end
+    of its grown dim: ``(prog, n)``, the program ``(buffer, n) -> padded`` (the same for
+    every ``n`` with the same padded length) and the runtime length; else None."""
+    g = _GROWN.get(x._st)
+    if g is None or g.chain is None or x._chain is not g.chain:
+        return None
+    nd = x.dim()
+    if len(pad) != 2 * nd and (len(pad) % 2 or len(pad) // 2 > nd):
+        return None
+    at = 2 * (nd - 1 - g.dim)
+    if any(v != 0 for i, v in enumerate(pad) if i != at + 1) or len(pad) <= at + 1:
+        return None
+    if type(pad[at + 1]) is not int or pad[at + 1] <= 0 or type(value) not in (int, float, bool):
+        return None
+    buf = x._st.value
+    n = x.shape[g.dim]
+    length = n + pad[at + 1]
+    key = (tuple(buf.shape), str(buf.dtype), g.dim, length, type(value), value)
+    prog = _PAD_PROGS.get(key)
+    if prog is None:
+        prog = _pad_prog(tuple(buf.shape), buf.dtype, g.dim, length, value)
+        _PAD_PROGS[key] = prog
+        if len(_PAD_PROGS) > _PAD_PROGS_MAX:
+            _PAD_PROGS.popitem(last=False)
+    else:
+        _PAD_PROGS.move_to_end(key)
+    return prog, n
+
+
+def _pad_prog(shape, dtype, dim, length, value) -> Prog:
+    cap = shape[dim]
+
+    def fn(buf, n):
+        # element j of the result: the buffer's cap - n + j for j < n, else the value
+        j = jnp.arange(length)
+        src = jnp.clip(cap - n + j, 0, cap - 1)
+        taken = jnp.take(buf, src, axis=dim)
+        keep = (j < n).reshape([length if d == dim else 1 for d in range(len(shape))])
+        return (jnp.where(keep, taken, jnp.asarray(value, dtype)),)
+
+    out = (tuple(length if d == dim else s for d, s in enumerate(shape)), dtype)
+    return Prog("pad_grown", fn, ("i",), (out,), desc=f"dim={dim}, length={length}, value={value}")

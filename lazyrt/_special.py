@@ -12,7 +12,7 @@ from ._args import to_meta
 from ._handlers import functional, mutating, restride
 from ._ir import Pending
 from ._tensor import TpuTensor
-from ._values import concrete, from_cpu, host_to_device, to_cpu, to_host, write
+from ._values import concrete, from_cpu, host_to_device, new_tensor, run, to_cpu, to_host, write
 
 aten = torch.ops.aten
 
@@ -32,6 +32,14 @@ def to_copy(e, args, kwargs):
         return c.to(dev) if torch.device(dev).type != "cpu" else c
     kw = dict(kwargs)
     kw.pop("non_blocking", None)
+    if set(kw) <= {"dtype", "device"} and _append.whole(x) is not None and x._chain is not None:
+        # a cast of a grown tensor: of its buffer, and the result grows as it did
+        buf = functional(e, [_append.root(x)], kw)
+        g = _append.whole(x)
+        cap = buf.shape[g.dim]
+        out = aten.slice.Tensor(buf, g.dim, cap - x.shape[g.dim], cap)
+        _append.grown_in(buf._st, g.dim, out._chain)
+        return out
     return functional(e, [x], kw)
 
 
@@ -91,6 +99,35 @@ def cat(e, args, kwargs):
     out = aten.slice.Tensor(buf, d, cap - m, cap)
     _append.grown_in(buf._st, d, out._chain)
     return out
+
+
+def constant_pad_nd(e, args, kwargs):
+    """``F.pad``; the end of a grown tensor's dim padded to a fixed length is one program
+    for every length it had (``_append.pad_right``)."""
+    x = args[0]
+    pad = args[1] if len(args) > 1 else kwargs["pad"]
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    p = _append.pad_right(x, pad, value) if type(x) is TpuTensor else None
+    if p is None:
+        return functional(e, args, kwargs)
+    prog, n = p
+    return new_tensor(run(prog, [x._st.value], [n])[0])
+
+
+def _new_factory(factory, n_pos: int):
+    """``x.new_zeros(size)`` and friends: the factory with ``x``'s dtype and device; no
+    program depends on ``x``'s shape or layout."""
+
+    def handler(e, args, kwargs):
+        x = args[0]
+        kw = dict(kwargs)
+        if kw.get("dtype") is None:
+            kw["dtype"] = x.dtype
+        if kw.get("device") is None:
+            kw["device"] = x.device
+        return factory(*args[1:1 + n_pos], *args[1 + n_pos:], **kw)
+
+    return handler
 
 
 def local_scalar_dense(e, args, kwargs):
@@ -305,6 +342,12 @@ SPECIAL = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: copy_,
     aten.cat.default: cat,
+    aten.constant_pad_nd.default: constant_pad_nd,
+    aten.new_zeros.default: _new_factory(aten.zeros.default, 1),
+    aten.new_ones.default: _new_factory(aten.ones.default, 1),
+    aten.new_empty.default: _new_factory(aten.empty.memory_format, 1),
+    aten.new_full.default: _new_factory(aten.full.default, 2),
+    aten.new_empty_strided.default: _new_factory(aten.empty_strided.default, 2),
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.equal.default: equal,
     aten.allclose.default: allclose,

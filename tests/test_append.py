@@ -133,3 +133,77 @@ def test_programs_do_not_change_with_the_length(mode):
     ref_ids = ids.cpu()
     assert torch.equal(pos.cpu(), torch.arange(57).expand(3, 57))
     assert torch.equal(ref_ids[:, 8:], (ref_ids[:, 7:-1] * 7 + 3) % 100)
+
+
+def _grown_pair(dtype=torch.int64, rows=2, n=9):
+    x = torch.arange(rows * 3).reshape(rows, 3).to(dtype)
+    xt = x.to("tpu")
+    for i in range(n - 3):
+        p = torch.full((rows, 1), i % 2).to(dtype)
+        x = torch.cat([x, p], 1)
+        xt = torch.cat([xt, p.to("tpu")], 1)
+    return x, xt
+
+
+def test_casts_and_right_pads_of_a_grown_tensor(mode):
+    x, xt = _grown_pair()
+    for dt in (torch.bool, torch.float32, torch.int32):
+        c, ct = x.to(dt), xt.to(dt)
+        assert ct.dtype == dt and torch.equal(ct.cpu(), c)
+        assert torch.equal(ct[:, -2:].cpu(), c[:, -2:])
+    m, mt = x.to(torch.bool), xt.to(torch.bool)
+    for pad, value in [((0, 5), 0), ((0, 1), 1), ((0, 0), 0), ((2, 3), 0), ((0, 4, 1, 0), 0),
+                       ((0, 3), -7)]:
+        for a, at in ((x, xt), (m, mt)):
+            if a.dtype == torch.bool and value not in (0, 1):
+                continue
+            ref = torch.nn.functional.pad(a, pad, value=value)
+            got = torch.nn.functional.pad(at, pad, value=value)
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            assert torch.equal(got.cpu(), ref), (pad, value, a.dtype)
+    # a negative pad crops, as on CPU
+    assert torch.equal(torch.nn.functional.pad(xt, (0, -2)).cpu(),
+                       torch.nn.functional.pad(x, (0, -2)))
+
+
+def test_a_padding_mask_is_one_program_at_every_length(mode):
+    """transformers' static-cache mask: the 2-D mask grows a step at a time, and each step
+    casts it to bool and pads it to the cache's length."""
+    mask = torch.ones(2, 5, dtype=torch.int64)
+    mask[1, :2] = 0
+    mt = mask.to("tpu")
+    compiles = []
+    for _ in range(30):
+        mask = torch.cat([mask, mask.new_ones((2, 1))], -1)
+        mt = torch.cat([mt, mt.new_ones((2, 1))], -1)
+        metrics.reset()
+        got = torch.nn.functional.pad(mt.to(torch.bool), (0, 40 - mt.shape[-1]))
+        ref = torch.nn.functional.pad(mask.to(torch.bool), (0, 40 - mask.shape[-1]))
+        assert torch.equal(got.cpu(), ref)
+        compiles.append(metrics.counters()["cache_misses"])
+    assert sum(compiles[4:]) == 0, compiles
+
+
+@pytest.mark.parametrize("op,args", [("new_zeros", ((2, 3),)), ("new_ones", ((4,),)),
+                                     ("new_full", ((2, 2), 7)), ("new_empty", ((0, 2),)),
+                                     ("new_empty_strided", ((2, 3), (1, 2)))])
+def test_new_factories_follow_dtype_and_device_only(mode, op, args):
+    for kw in ({}, {"dtype": torch.float64}, {"device": "cpu"}, {"dtype": torch.bool}):
+        if op == "new_full" and kw.get("dtype") == torch.bool:
+            continue
+        for shape in ((3,), (2, 5)):
+            c = torch.arange(3 if shape == (3,) else 10, dtype=torch.int32).reshape(shape)
+            ref = getattr(c, op)(*args, **kw)
+            got = getattr(c.to("tpu"), op)(*args, **kw)
+            assert got.device.type == ("cpu" if kw.get("device") == "cpu" else "tpu")
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            assert got.stride() == ref.stride()
+            if op not in ("new_empty", "new_empty_strided"):
+                assert torch.equal(got.cpu(), ref)
+    # the same op on tensors of other shapes runs one program
+    x = torch.zeros(3, dtype=torch.int32, device="tpu")
+    getattr(x, op)(*args).cpu()
+    metrics.reset()
+    for n in (4, 5, 6):
+        getattr(torch.zeros(n, 2, dtype=torch.int32, device="tpu")[:, :1], op)(*args).cpu()
+    assert metrics.counters()["cache_misses"] <= 3  # the three zeros, not the new_*

@@ -151,15 +151,16 @@ class _CompilesPerToken:
         pass
 
 
-def test_static_cache_compiles_nothing_per_token(mode):
-    """With the static cache, the token ids and positions that grow by one a step live in
-    append buffers (``lazyrt/_append.py``): after the first tokens, a token compiles no
-    program, and the tokens are CPU's. (The last token compiles one: the stopping
-    criterion's constant flips to True. A padded batch still compiles its mask's programs
-    at every token: transformers reads the whole 2-D mask each step; README, Generation.)"""
+@pytest.mark.parametrize("batch,left_pad", [(1, 0), (2, 2)])
+def test_static_cache_compiles_nothing_per_token(mode, batch, left_pad):
+    """With the static cache, the token ids, positions and attention mask that grow by one
+    a step live in append buffers (``lazyrt/_append.py``; the padded mask is padded to the
+    cache's length with the length as a runtime scalar): after the first tokens, a token
+    compiles no program, and the tokens are CPU's. (The last token may compile: the
+    stopping criterion's constant flips to True.)"""
     model = _build("llama")
-    ids, mask = _prompt(t=5, left_pad=0)
-    ids, mask = ids[:1], mask[:1]
+    ids, mask = _prompt(t=5, left_pad=left_pad)
+    ids, mask = ids[:batch], mask[:batch]
     kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False,
           "cache_implementation": "static"}
     with torch.no_grad():
