@@ -11,7 +11,7 @@ token. Here:
   that dim (``mark``);
 * appending to a marked tensor again makes the result a view ``buf[..., cap-m:]`` of a
   buffer whose capacity ``cap`` along the dim is a power of two (at least 64), holding
-  the ``m`` elements right-aligned (``view_of``). The next append builds the next buffer
+  the ``m`` elements right-aligned (``grown_view``). The next append builds the next buffer
   from ``buf[..., k:]`` and the new piece: its program depends on ``cap`` and ``k`` only.
   A full buffer moves to the next bucket (one program per bucket);
 * a ``slice``/``select`` along that dim ending at the tensor's end (``ids[:, -1:]``,
@@ -23,11 +23,13 @@ token. Here:
   runtime scalar (``pad_right``).
 
 Each append makes a new buffer (``cat`` returns new storage), so an older tensor, or a
-second append to it (beam search), never sees another's elements. A grown tensor is a
-true view of its buffer: its strides and storage offset are the buffer's (a batch of
-several rows is not contiguous; ``reshape``, not ``view``, flattens it). Every other read
-of it derives the ``m`` elements as from any view. Floating tensors are never buffered:
-a model's activations and KV caches keep exact storage, and their readers read all of it.
+second append to it (beam search), never sees another's elements. A grown tensor looks as
+a fresh ``cat`` result does (contiguous, storage offset 0), and ops that address storage
+(``as_strided``, ``resize_``) see its own elements (``storage_root``); a window taken from
+its end reports the buffer's strides and offset (the price of its fixed program). Every
+other read derives the ``m`` elements as from any view. Floating tensors are never
+buffered: a model's activations and KV caches keep exact storage, and their readers read
+all of it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import weakref
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import torch
 
 from ._ir import Prog
 from ._tensor import TpuTensor, contiguous_spec
@@ -46,6 +49,7 @@ MIN_CAPACITY = 64
 class Grown(NamedTuple):
     dim: int  # the dim it grows along
     chain: tuple | None  # the view chain of the whole tensor in its buffer; None: exact
+    spec: tuple | None = None  # the whole tensor's spec (contiguous), when buffered
 
 
 # Storage -> Grown, for storages holding a tensor grown by appends.
@@ -90,15 +94,32 @@ def mark(t: TpuTensor, dim: int) -> TpuTensor:
     return t
 
 
-def grown_in(st, dim: int, chain: tuple) -> None:
-    """Storage ``st`` is the buffer of a grown tensor: the view ``chain`` of it."""
-    _GROWN[st] = Grown(dim, chain)
-
-
 def root(t: TpuTensor) -> TpuTensor:
     """The base tensor of ``t``'s storage (its whole buffer)."""
     v = t._st.value
     return TpuTensor(contiguous_spec(v.shape, t.dtype), t._st)
+
+
+def grown_view(buf: TpuTensor, dim: int, m: int) -> TpuTensor:
+    """The grown tensor of ``m`` elements right-aligned in buffer ``buf`` along ``dim``,
+    laid out as PyTorch lays out a fresh ``cat`` result (contiguous, offset 0)."""
+    cap = buf.shape[dim]
+    v = torch.ops.aten.slice.Tensor(buf, dim, cap - m, cap)
+    spec = contiguous_spec(v.shape, v.dtype)
+    _GROWN[buf._st] = Grown(dim, v._chain, spec)
+    return TpuTensor(spec, buf._st, v._chain)
+
+
+def storage_root(t: TpuTensor) -> TpuTensor:
+    """The tensor that reads ``t``'s storage as PyTorch would (C-contiguous, from offset
+    0), for ops that address storage (``as_strided``, ``resize_``): for a grown tensor and
+    its views, the grown tensor's own elements; for a window from its end (whose chain
+    starts at the buffer), and anything else, the whole value."""
+    g = _GROWN.get(t._st)
+    if g is not None and g.chain is not None and t._chain is not None \
+            and t._chain[0] is g.chain[0]:
+        return TpuTensor(g.spec, t._st, g.chain)
+    return root(t)
 
 
 def window(packet: str, base: TpuTensor, args, kwargs):

@@ -25,7 +25,7 @@ from . import _append, _dtypes, _fallback, _values, memory
 from ._args import arg, walk
 from ._config import config
 from ._plan import make_plan, plan_for, remember
-from ._tensor import TpuTensor, contiguous_spec, contiguous_strides, storage_extent
+from ._tensor import TpuTensor, contiguous_strides, storage_extent
 from ._values import new_tensor, run, to_cpu, write
 from .metrics import COUNTERS
 
@@ -92,11 +92,10 @@ def view(e, args, kwargs):
             return view(e, *w)
     if e.packet == "as_strided":
         _check_storage_bounds(base, args, kwargs)
-        if base._chain is not None:
+        root = _append.storage_root(base) if base._chain is not None else None
+        if root is not None and root._chain is not base._chain:
             # NOTE: as_strided's offset and strides address the base's storage, not the
             # view; without an offset it is the view's own.
-            root_spec = contiguous_spec(base._st.value.shape, base.dtype)
-            root = TpuTensor(root_spec, base._st)
             size, stride = args[1], args[2]
             off = args[3] if len(args) > 3 else kwargs.get("storage_offset")
             return view(e, (root, size, stride, base._spec[3] if off is None else off), {})
@@ -145,7 +144,7 @@ def _check_storage_bounds(base, args, kwargs) -> None:
     item = base.element_size()
     need = (storage_extent(size, stride) + off) * item
     value = base._st.value
-    have = math.prod(value.shape) * jnp.dtype(value.dtype).itemsize
+    have = _append.storage_root(base).numel() * jnp.dtype(value.dtype).itemsize
     if need > have:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, "
@@ -264,7 +263,7 @@ def restride(t: TpuTensor, shape: tuple, stride: tuple) -> None:
         order = sorted(range(t.dim()), key=lambda d: -t._spec[1][d])
         flat = aten.reshape.default(aten.permute.default(t, order), [-1])
     else:
-        root = TpuTensor(contiguous_spec(st.value.shape, root_dtype), st)
+        root = _append.storage_root(t)
         flat = aten.view.default(root, [-1]) if root.dim() != 1 else root
     if need > flat.numel():
         flat = aten.constant_pad_nd.default(flat, [0, need - flat.numel()], 0)

@@ -34,12 +34,8 @@ def to_copy(e, args, kwargs):
     kw.pop("non_blocking", None)
     if set(kw) <= {"dtype", "device"} and _append.whole(x) is not None and x._chain is not None:
         # a cast of a grown tensor: of its buffer, and the result grows as it did
-        buf = functional(e, [_append.root(x)], kw)
         g = _append.whole(x)
-        cap = buf.shape[g.dim]
-        out = aten.slice.Tensor(buf, g.dim, cap - x.shape[g.dim], cap)
-        _append.grown_in(buf._st, g.dim, out._chain)
-        return out
+        return _append.grown_view(functional(e, [_append.root(x)], kw), g.dim, x.shape[g.dim])
     return functional(e, [x], kw)
 
 
@@ -95,10 +91,7 @@ def cat(e, args, kwargs):
     else:  # the first buffer, or the next bucket: x right-aligned in it
         cap = _append.bucket(m)
         head = aten.constant_pad_nd.default(x, [0, 0] * (x.dim() - 1 - d) + [cap - m, 0], 0)
-    buf = functional(e, ([head, y], d), {})
-    out = aten.slice.Tensor(buf, d, cap - m, cap)
-    _append.grown_in(buf._st, d, out._chain)
-    return out
+    return _append.grown_view(functional(e, ([head, y], d), {}), d, m)
 
 
 def constant_pad_nd(e, args, kwargs):

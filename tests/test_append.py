@@ -40,15 +40,20 @@ def test_values_and_ends_match_cpu(mode, shape, dim, dtype):
         xt = torch.cat([xt, p.to("tpu")], dim)
         if i % 23 == 0 or i == len(pieces) - 1:
             assert xt.shape == x.shape and xt.dtype == x.dtype
+            assert xt.stride() == x.stride() and xt.storage_offset() == 0
+            assert xt.is_contiguous()
             for k in (1, 2):
                 assert torch.equal(xt.narrow(dim, xt.shape[dim] - k, k).cpu(),
                                    x.narrow(dim, x.shape[dim] - k, k))
             assert torch.equal(xt.select(dim, -1).cpu(), x.select(dim, -1))
             assert torch.equal(xt.select(dim, 0).cpu(), x.select(dim, 0))
             assert torch.equal(xt.cpu(), x)
-    # every other read of the whole tensor
+    # every other read of the whole tensor, and views as of a fresh contiguous tensor
     assert torch.equal(xt.sum(dim).cpu(), x.sum(dim))
-    assert torch.equal(xt.reshape(-1).cpu(), x.reshape(-1))
+    assert torch.equal(xt.view(-1).cpu(), x.view(-1))
+    assert torch.equal(xt.as_strided((2, 2), (1, 2), 1).cpu(), x.as_strided((2, 2), (1, 2), 1))
+    with pytest.raises(RuntimeError, match="out of bounds for storage"):
+        xt.as_strided((x.numel() + 1,), (1,))
     assert torch.equal(xt.contiguous().cpu(), x)
 
 
@@ -94,6 +99,14 @@ def test_appends_are_independent_and_views_alias(mode):
     xt.add_(1)
     x.add_(1)
     assert tail.cpu().tolist() == x[:, -2:].tolist() and xt.cpu().tolist() == x.tolist()
+    # ops that address storage see the tensor's own elements, writes included
+    flat = xt.as_strided((3,), (2,), 1)
+    flat.mul_(10)
+    x.as_strided((3,), (2,), 1).mul_(10)
+    assert xt.cpu().tolist() == x.tolist() and tail.cpu().tolist() == x[:, -2:].tolist()
+    xt.resize_(2, 3)
+    x.resize_(2, 3)
+    assert xt.cpu().tolist() == x.tolist()
     # the tensors appended to earlier are untouched
     assert a.cpu().tolist() == [[1, 2, 3, 4, 5, 6, 7]]
 
