@@ -20,16 +20,20 @@ token. Here:
 * a dtype cast of a grown tensor casts its buffer (the result grows as it did), and
   padding it on the right to a fixed length (``F.pad(mask, (0, L - n))``, transformers'
   static-cache padding mask) is one program per ``L`` that takes the length ``n`` as a
-  runtime scalar (``pad_right``).
+  runtime scalar (``pad_right``);
+* SDPA over keys and values grown along the sequence (a KV cache grown by ``torch.cat``,
+  transformers' default dynamic cache) attends over the whole buffers with a mask of the
+  last ``n`` positions, ``n`` again a runtime scalar (``sdpa_keys``): one program per
+  capacity. The masked positions weigh exactly 0; the sums run over more terms, so the
+  result can differ from the exact-length one in the last bits, as any two kernels do.
 
 Each append makes a new buffer (``cat`` returns new storage), so an older tensor, or a
 second append to it (beam search), never sees another's elements. A grown tensor looks as
 a fresh ``cat`` result does (contiguous, storage offset 0), and ops that address storage
 (``as_strided``, ``resize_``) see its own elements (``storage_root``); a window taken from
 its end reports the buffer's strides and offset (the price of its fixed program). Every
-other read derives the ``m`` elements as from any view. Floating tensors are never
-buffered: a model's activations and KV caches keep exact storage, and their readers read
-all of it.
+other read derives the ``m`` elements as from any view. Floating tensors are buffered only
+with gradients off (inference: a KV cache): a training step's tensors keep exact storage.
 """
 from __future__ import annotations
 
@@ -76,7 +80,7 @@ def appendable(x, y, dim) -> int | None:
     if type(x) is not TpuTensor or type(y) is not TpuTensor or type(dim) is not int:
         return None
     dt = x.dtype
-    if y.dtype != dt or dt.is_floating_point or dt.is_complex:
+    if y.dtype != dt or ((dt.is_floating_point or dt.is_complex) and torch.is_grad_enabled()):
         return None
     nd = x.dim()
     if nd == 0 or y.dim() != nd or not -nd <= dim < nd:
@@ -201,3 +205,33 @@ def _pad_prog(shape, dtype, dim, length, value) -> Prog:
 
     out = (tuple(length if d == dim else s for d, s in enumerate(shape)), dtype)
     return Prog("pad_grown", fn, ("i",), (out,), desc=f"dim={dim}, length={length}, value={value}")
+
+
+def sdpa_keys(key: TpuTensor, value: TpuTensor):
+    """``(n, key buffer, value buffer)`` when ``key`` and ``value`` are whole buffered
+    tensors grown along the sequence dim (2) with the same length and capacity (a KV cache
+    grown by ``torch.cat`` in decoding), else None."""
+    gk, gv = whole(key), whole(value)
+    if gk is None or gv is None or gk.chain is None or gv.chain is None \
+            or gk.dim != 2 or gv.dim != 2 or key.dim() != 4:
+        return None
+    n = key.shape[2]
+    if value.shape[2] != n or key._st.value.shape[2] != value._st.value.shape[2]:
+        return None
+    return n, root(key), root(value)
+
+
+_MASK_PROGS: dict = {}
+
+
+def valid_mask_prog(cap: int) -> Prog:
+    """``n -> mask``: True at the last ``n`` of ``cap`` positions (a buffer's elements),
+    shaped ``(1, 1, 1, cap)`` for SDPA's ``attn_bias``."""
+    p = _MASK_PROGS.get(cap)
+    if p is None:
+        def fn(n):
+            return ((jnp.arange(cap) >= cap - n).reshape(1, 1, 1, cap),)
+
+        p = _MASK_PROGS[cap] = Prog("grown_keys_mask", fn, ("i",), (((1, 1, 1, cap), jnp.bool_),),
+                                    desc=f"cap={cap}")
+    return p

@@ -107,6 +107,28 @@ def constant_pad_nd(e, args, kwargs):
     return new_tensor(run(prog, [x._st.value], [n])[0])
 
 
+def sdpa_fused(e, args, kwargs):
+    """The fused SDPA op (``F.scaled_dot_product_attention`` on tpu); with gradients off,
+    keys and values grown by ``torch.cat`` along the sequence (a decoding KV cache) are
+    read as their whole buffers with a mask of their length (``_append.sdpa_keys``)."""
+    bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
+    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
+    if bias is not None or dropout or causal or torch.is_grad_enabled() \
+            or type(args[1]) is not TpuTensor or type(args[2]) is not TpuTensor:
+        return functional(e, args, kwargs)
+    kv = _append.sdpa_keys(args[1], args[2])
+    if kv is None:
+        return functional(e, args, kwargs)
+    n, k, v = kv
+    mask = new_tensor(run(_append.valid_mask_prog(k.shape[2]), [], [n])[0])
+    debug = args[6] if len(args) > 6 else kwargs.get("return_debug_mask", False)
+    out = functional(e, (args[0], k, v, mask, 0.0, False, debug),
+                     {"scale": kwargs["scale"]} if "scale" in kwargs else {})
+    # the length the caller gave (max_k), not the buffer's
+    return out[:5] + (n,) + out[6:]
+
+
 def _new_factory(factory, n_pos: int):
     """``x.new_zeros(size)`` and friends: the factory with ``x``'s dtype and device; no
     program depends on ``x``'s shape or layout."""
@@ -336,6 +358,7 @@ SPECIAL = {
     aten.copy_.default: copy_,
     aten.cat.default: cat,
     aten.constant_pad_nd.default: constant_pad_nd,
+    aten._scaled_dot_product_fused_attention_overrideable.default: sdpa_fused,
     aten.new_zeros.default: _new_factory(aten.zeros.default, 1),
     aten.new_ones.default: _new_factory(aten.ones.default, 1),
     aten.new_empty.default: _new_factory(aten.empty.memory_format, 1),
