@@ -220,3 +220,49 @@ def test_new_factories_follow_dtype_and_device_only(mode, op, args):
     for n in (4, 5, 6):
         getattr(torch.zeros(n, 2, dtype=torch.int32, device="tpu")[:, :1], op)(*args).cpu()
     assert metrics.counters()["cache_misses"] <= 3  # the three zeros, not the new_*
+
+
+@pytest.mark.parametrize("heads,gqa", [(2, False), (4, True)])
+def test_attention_over_a_grown_kv_cache(mode, heads, gqa):
+    """Decoding with a KV cache grown by cat: with gradients off, keys and values live in
+    buffers and SDPA reads the whole buffers with a mask of the length, one program for
+    every length; the outputs are SDPA's on the exact tensors (CPU)."""
+    g = torch.Generator().manual_seed(1)
+    F = torch.nn.functional
+    k = torch.randn(2, 2, 3, 8, generator=g)
+    v = torch.randn(2, 2, 3, 8, generator=g)
+    kt, vt = k.to("tpu"), v.to("tpu")
+    compiles = []
+    with torch.no_grad():
+        for _ in range(24):
+            kn, vn = torch.randn(2, 2, 1, 8, generator=g), torch.randn(2, 2, 1, 8, generator=g)
+            q = torch.randn(2, heads, 1, 8, generator=g)
+            k, v = torch.cat([k, kn], 2), torch.cat([v, vn], 2)
+            metrics.reset()
+            kt, vt = torch.cat([kt, kn.to("tpu")], 2), torch.cat([vt, vn.to("tpu")], 2)
+            got = F.scaled_dot_product_attention(q.to("tpu"), kt, vt, enable_gqa=gqa).cpu()
+            compiles.append(metrics.counters()["cache_misses"])
+            ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert kt.is_contiguous() and kt.shape == k.shape and torch.equal(kt.cpu(), k)
+    assert sum(compiles[4:]) == 0, compiles
+
+
+def test_grown_floats_keep_exact_storage_under_autograd(mode):
+    x = torch.zeros(2, 3, device="tpu")
+    for _ in range(3):
+        x = torch.cat([x, torch.ones(2, 1, device="tpu")], 1)
+    from lazyrt import _append
+
+    assert _append.whole(x) is None  # gradients on: an ordinary cat
+    with torch.no_grad():
+        y = torch.cat([x, x[:, :1]], 1)
+        assert _append.whole(y).chain is None  # marked, exact
+        z = torch.cat([y, x[:, :1]], 1)
+        assert _append.whole(z).chain is not None  # buffered
+    assert torch.equal(z.cpu(), torch.cat([torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 2)], 1))
+    w = torch.zeros(2, 3, device="tpu", requires_grad=True)
+    h = torch.cat([torch.cat([w, w], 1), w], 1)
+    assert _append.whole(h) is None or _append.whole(h).chain is None
+    h.sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.full((2, 3), 3.0))

@@ -151,18 +151,25 @@ class _CompilesPerToken:
         pass
 
 
-@pytest.mark.parametrize("batch,left_pad", [(1, 0), (2, 2)])
-def test_static_cache_compiles_nothing_per_token(mode, batch, left_pad):
-    """With the static cache, the token ids, positions and attention mask that grow by one
-    a step live in append buffers (``lazyrt/_append.py``; the padded mask is padded to the
-    cache's length with the length as a runtime scalar): after the first tokens, a token
-    compiles no program, and the tokens are CPU's. (The last token may compile: the
-    stopping criterion's constant flips to True.)"""
+@pytest.mark.parametrize("cache,batch,left_pad", [
+    ("static", 2, 2), ("dynamic", 1, 0),
+    pytest.param("static", 1, 0, marks=pytest.mark.slow),
+    pytest.param("dynamic", 2, 0, marks=pytest.mark.slow)])
+def test_generate_compiles_nothing_per_token(mode, cache, batch, left_pad):
+    """The token ids, positions and attention mask that grow by one a step, and the
+    default dynamic cache's keys and values, live in append buffers
+    (``lazyrt/_append.py``: the static cache's padded mask is padded to the cache's length,
+    and SDPA attends over the grown keys, with the length as a runtime scalar): after the
+    first tokens a token compiles no program, and the tokens are CPU's. (The last token
+    may compile one: the stopping criterion's constant flips to True. A left-padded batch
+    with the dynamic cache still compiles at every token: its mask is built at the
+    cache's length; README, Generation.)"""
     model = _build("llama")
     ids, mask = _prompt(t=5, left_pad=left_pad)
     ids, mask = ids[:batch], mask[:batch]
-    kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False,
-          "cache_implementation": "static"}
+    kw = {"max_new_tokens": 14, "min_new_tokens": 14, "do_sample": False}
+    if cache == "static":
+        kw["cache_implementation"] = "static"
     with torch.no_grad():
         ref = model.generate(input_ids=ids, attention_mask=mask, **kw)
         model.to("tpu")
