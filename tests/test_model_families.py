@@ -816,17 +816,23 @@ FAMILIES = {
 }
 
 XFAIL: dict[str, str] = {}
+# The slowest families run in strict mode with -m slow only (CI runs them in defer, and
+# strict runs the same lowerings op by op in every other family): 20-30 s each here.
+STRICT_SLOW = {"moe", "unet", "t5", "lstm"}
 
 
 def _params():
     out = []
     for name in FAMILIES:
-        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
-        out.append(pytest.param(name, marks=marks, id=name))
+        for mode in ("strict", "defer"):
+            marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
+            if mode == "strict" and name in STRICT_SLOW:
+                marks.append(pytest.mark.slow)
+            out.append(pytest.param(name, mode, marks=marks, id=f"{mode}-{name}"))
     return out
 
 
-@pytest.mark.parametrize("family", _params())
+@pytest.mark.parametrize("family,mode", _params(), indirect=["mode"])
 def test_model_family_matches_cpu(family, mode):
     model_fn, batch_fn, n_inputs, loss_fn, tol = FAMILIES[family]
     check_family(model_fn, batch_fn, n_inputs, loss_fn, mode, **tol)
