@@ -32,9 +32,9 @@ def to_copy(e, args, kwargs):
         return c.to(dev) if torch.device(dev).type != "cpu" else c
     kw = dict(kwargs)
     kw.pop("non_blocking", None)
-    if set(kw) <= {"dtype", "device"} and _append.whole(x) is not None and x._chain is not None:
+    g = _append.whole(x) if type(x) is TpuTensor and x._chain is not None else None
+    if g is not None and set(kw) <= {"dtype", "device"}:
         # a cast of a grown tensor: of its buffer, and the result grows as it did
-        g = _append.whole(x)
         return _append.grown_view(functional(e, [_append.root(x)], kw), g.dim, x.shape[g.dim])
     return functional(e, [x], kw)
 
