@@ -63,20 +63,27 @@ def aval(t: TpuTensor):
 
 def concrete(t: TpuTensor):
     """``t``'s value as a ``jax.Array``, flushing the pending trace if needed."""
-    v = value(t)
-    if type(v) is not Pending:
-        return v
-    if t._chain is not None and v.result is None:
-        # NOTE: live views are not flush outputs (autograd keeps many, e.g. the
-        # transposed weights): materialize the base, then derive this view from it with
-        # the same strict execution as any op (debug checks included).
-        with _defer.LOCK:
-            base = _defer.materialize(t._st.value) if type(t._st.value) is Pending else t._st.value
-            v = _strict.run(_views.chain_prog(t._chain), [base], [])[0]
-            t._cache = v
-            t._cver = t._st.version
-        return v
-    return _defer.materialize(v)
+    if t._chain is None:
+        v = t._st.value
+        return _defer.materialize(v) if type(v) is Pending else v
+    st = t._st
+    c = t._cache
+    if t._cver == st.version and c is not None:
+        if type(c) is not Pending:
+            return c
+        if c.result is not None:
+            t._cache = c.result
+            return c.result
+    # NOTE: live views are not flush outputs (autograd keeps many, e.g. the transposed
+    # weights): materialize the base, then derive this view from it with the same strict
+    # execution as any op (debug checks included). Nothing is recorded: a view node left
+    # in the trace would change the next flush's program.
+    with _defer.LOCK:
+        base = _defer.materialize(st.value) if type(st.value) is Pending else st.value
+        v = _strict.run(_views.chain_prog(t._chain), [base], [])[0]
+        t._cache = v
+        t._cver = st.version
+    return v
 
 
 def write(t: TpuTensor, v) -> None:
