@@ -38,6 +38,7 @@ with gradients off (inference: a KV cache): a training step's tensors keep exact
 from __future__ import annotations
 
 import collections
+import math
 import weakref
 from typing import NamedTuple
 
@@ -114,16 +115,29 @@ def grown_view(buf: TpuTensor, dim: int, m: int) -> TpuTensor:
     return TpuTensor(spec, buf._st, v._chain)
 
 
+def _owner(t: TpuTensor) -> Grown | None:
+    """The grown tensor whose storage ``t`` addresses: ``t`` is it or a view of it (its
+    chain starts with the grown tensor's), not a window read from the buffer."""
+    g = _GROWN.get(t._st)
+    if g is not None and g.chain is not None and t._chain is not None \
+            and t._chain[0] is g.chain[0]:
+        return g
+    return None
+
+
+def storage_numel(t: TpuTensor) -> int:
+    """Elements of the storage ``t`` addresses (``storage_root``'s, without making it)."""
+    g = _owner(t)
+    return math.prod(g.spec[0] if g is not None else t._st.value.shape)
+
+
 def storage_root(t: TpuTensor) -> TpuTensor:
     """The tensor that reads ``t``'s storage as PyTorch would (C-contiguous, from offset
     0), for ops that address storage (``as_strided``, ``resize_``): for a grown tensor and
     its views, the grown tensor's own elements; for a window from its end (whose chain
     starts at the buffer), and anything else, the whole value."""
-    g = _GROWN.get(t._st)
-    if g is not None and g.chain is not None and t._chain is not None \
-            and t._chain[0] is g.chain[0]:
-        return TpuTensor(g.spec, t._st, g.chain)
-    return root(t)
+    g = _owner(t)
+    return TpuTensor(g.spec, t._st, g.chain) if g is not None else root(t)
 
 
 def window(packet: str, base: TpuTensor, args, kwargs):
@@ -170,16 +184,17 @@ def pad_right(x: TpuTensor, pad, value):
     if g is None or g.chain is None or x._chain is not g.chain:
         return None
     nd = x.dim()
-    if len(pad) != 2 * nd and (len(pad) % 2 or len(pad) // 2 > nd):
+    at = 2 * (nd - 1 - g.dim) + 1  # where the grown dim's right pad is in ``pad``
+    if len(pad) % 2 or len(pad) > 2 * nd or len(pad) <= at \
+            or any(v != 0 for i, v in enumerate(pad) if i != at):
         return None
-    at = 2 * (nd - 1 - g.dim)
-    if any(v != 0 for i, v in enumerate(pad) if i != at + 1) or len(pad) <= at + 1:
-        return None
-    if type(pad[at + 1]) is not int or pad[at + 1] <= 0 or type(value) not in (int, float, bool):
+    right = pad[at]
+    if type(right) is not int or right <= 0 or type(value) not in (int, float, bool) \
+            or (type(value) is float and not x.dtype.is_floating_point):
         return None
     buf = x._st.value
     n = x.shape[g.dim]
-    length = n + pad[at + 1]
+    length = n + right
     key = (tuple(buf.shape), str(buf.dtype), g.dim, length, type(value), value)
     prog = _PAD_PROGS.get(key)
     if prog is None:

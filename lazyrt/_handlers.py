@@ -144,7 +144,7 @@ def _check_storage_bounds(base, args, kwargs) -> None:
     item = base.element_size()
     need = (storage_extent(size, stride) + off) * item
     value = base._st.value
-    have = _append.storage_root(base).numel() * jnp.dtype(value.dtype).itemsize
+    have = _append.storage_numel(base) * jnp.dtype(value.dtype).itemsize
     if need > have:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, "
