@@ -189,8 +189,7 @@ def pad_right(x: TpuTensor, pad, value):
             or any(v != 0 for i, v in enumerate(pad) if i != at):
         return None
     right = pad[at]
-    if type(right) is not int or right <= 0 or type(value) not in (int, float, bool) \
-            or (type(value) is float and not x.dtype.is_floating_point):
+    if type(right) is not int or right <= 0 or type(value) not in (int, float, bool):
         return None
     buf = x._st.value
     n = x.shape[g.dim]
