@@ -35,20 +35,25 @@ def run(prog: Prog, inputs: list, scalars: list) -> list:
                               for v in inputs], scalars)
 
 
+def _cached(t: TpuTensor):
+    """View ``t``'s cached value while its storage is unchanged (an array, or a Pending
+    not yet run), else None."""
+    c = t._cache
+    if t._cver != t._st.version or c is None:
+        return None
+    if type(c) is Pending and c.result is not None:
+        t._cache = c = c.result
+    return c
+
+
 def value(t: TpuTensor):
     """The current value of ``t`` (array or Pending), derived through its view chain."""
     if t._chain is None:
         return t._st.value
     st = t._st
-    c = t._cache
-    if t._cver == st.version and c is not None:
-        if type(c) is not Pending:
-            return c
-        if c.result is not None:
-            t._cache = c.result
-            return c.result
-        if not c.trace.done:
-            return c
+    c = _cached(t)
+    if c is not None and (type(c) is not Pending or not c.trace.done):
+        return c
     with _defer.LOCK:
         v = run(_views.chain_prog(t._chain), [st.value], [])[0]
         t._cache = v
@@ -67,13 +72,9 @@ def concrete(t: TpuTensor):
         v = t._st.value
         return _defer.materialize(v) if type(v) is Pending else v
     st = t._st
-    c = t._cache
-    if t._cver == st.version and c is not None:
-        if type(c) is not Pending:
-            return c
-        if c.result is not None:
-            t._cache = c.result
-            return c.result
+    c = _cached(t)
+    if c is not None and type(c) is not Pending:
+        return c
     # NOTE: live views are not flush outputs (autograd keeps many, e.g. the transposed
     # weights): materialize the base, then derive this view from it with the same strict
     # execution as any op (debug checks included). Nothing is recorded: a view node left
