@@ -129,7 +129,7 @@ def sdpa_fused(e, args, kwargs):
     return out[:5] + (n,) + out[6:]
 
 
-def _new_factory(factory, n_pos: int):
+def _new_factory(factory):
     """``x.new_zeros(size)`` and friends: the factory with ``x``'s dtype and device; no
     program depends on ``x``'s shape or layout."""
 
@@ -140,7 +140,7 @@ def _new_factory(factory, n_pos: int):
             kw["dtype"] = x.dtype
         if kw.get("device") is None:
             kw["device"] = x.device
-        return factory(*args[1:1 + n_pos], *args[1 + n_pos:], **kw)
+        return factory(*args[1:], **kw)
 
     return handler
 
@@ -359,11 +359,11 @@ SPECIAL = {
     aten.cat.default: cat,
     aten.constant_pad_nd.default: constant_pad_nd,
     aten._scaled_dot_product_fused_attention_overrideable.default: sdpa_fused,
-    aten.new_zeros.default: _new_factory(aten.zeros.default, 1),
-    aten.new_ones.default: _new_factory(aten.ones.default, 1),
-    aten.new_empty.default: _new_factory(aten.empty.memory_format, 1),
-    aten.new_full.default: _new_factory(aten.full.default, 2),
-    aten.new_empty_strided.default: _new_factory(aten.empty_strided.default, 2),
+    aten.new_zeros.default: _new_factory(aten.zeros.default),
+    aten.new_ones.default: _new_factory(aten.ones.default),
+    aten.new_empty.default: _new_factory(aten.empty.memory_format),
+    aten.new_full.default: _new_factory(aten.full.default),
+    aten.new_empty_strided.default: _new_factory(aten.empty_strided.default),
     aten._local_scalar_dense.default: local_scalar_dense,
     aten.equal.default: equal,
     aten.allclose.default: allclose,
