@@ -7,8 +7,8 @@ token a step, ``ids = torch.cat([ids, new], dim=-1)``, and reads their end
 (``ids[:, -1:]``). With exact shapes every step's programs are new ones: one compile per
 token. Here:
 
-* the result of a 2-input ``cat`` of integer or bool tensors is marked as grown along
-  that dim (``mark``);
+* the result of a 2-input ``cat`` of integer or bool tensors (floating ones with gradients
+  off) is marked as grown along that dim (``mark``);
 * appending to a marked tensor again makes the result a view ``buf[..., cap-m:]`` of a
   buffer whose capacity ``cap`` along the dim is a power of two (at least 64), holding
   the ``m`` elements right-aligned (``grown_view``). The next append builds the next buffer

@@ -73,8 +73,8 @@ def _replaces_whole(dst: TpuTensor, src: torch.Tensor) -> bool:
 
 
 def cat(e, args, kwargs):
-    """``torch.cat``; appending to a grown integer or bool tensor goes through its buffer
-    (``_append``: the programs do not change with its length)."""
+    """``torch.cat``; appending to a grown tensor (integer/bool, or floating with gradients
+    off) goes through its buffer (``_append``: the programs do not change with its length)."""
     ts = args[0] if args else kwargs["tensors"]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     d = _append.appendable(ts[0], ts[1], dim) if len(ts) == 2 else None
