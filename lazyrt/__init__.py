@@ -12,9 +12,10 @@ This module is the public surface only; the machinery is in the private modules
 """
 from __future__ import annotations
 
-from . import _registration, memory, metrics
-from ._config import config
-from ._control import (
+from . import _install, memory, metrics
+from ._base.config import config
+from ._base.tensor import TpuTensor
+from ._ops.control import (
     EagerMode,
     get_mode,
     set_cpu_fallback,
@@ -23,8 +24,7 @@ from ._control import (
     set_pallas,
     sync,
 )
-from ._inspect import coverage, graph, hlo
-from ._tensor import TpuTensor
+from ._ops.inspect import coverage, graph, hlo
 
 __version__ = "0.1.0"
 __all__ = [
@@ -32,9 +32,9 @@ __all__ = [
     "set_cpu_fallback", "set_pallas", "EagerMode", "set_eager_mode", "config", "TpuTensor",
 ]
 
-_registration.install()
+_install.install()
 
 if config.cache_dir:
-    from ._xla import enable_persistent_cache
+    from ._exec.xla import enable_persistent_cache
 
     enable_persistent_cache(config.cache_dir)

@@ -90,7 +90,7 @@ class _Progress:
         if now - self.last < 0.1:
             return
         self.last = now
-        from . import memory
+        from ._base import memory
 
         sys.stderr.write(f"\r{PROG}: {self.n} computations, peak "
                          f"{report.fmt_bytes(memory._state['peak'])}\033[K")
@@ -165,7 +165,8 @@ def _run(args) -> int:
         os.environ["TORCH_TPU_MODE"] = args.mode
 
     import lazyrt
-    from lazyrt import memory
+
+    from ._base import memory
 
     if args.mode:
         lazyrt.set_mode(args.mode)

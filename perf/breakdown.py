@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     import torch
 
     import lazyrt
-    from lazyrt import _defer
+    from lazyrt._exec import defer as _defer
 
     from .workloads import WORKLOADS
 

@@ -182,7 +182,7 @@ JAX_PROGRAMS = {
 def measure_jax(name: str) -> dict:
     import jax
 
-    from lazyrt._xla import compile_options  # the same options lazyrt compiles with
+    from lazyrt._exec.xla import compile_options  # the same options lazyrt compiles with
 
     fn, args = JAX_PROGRAMS[name]()
     opts = compile_options()
@@ -225,7 +225,7 @@ class _Inplace2:
 
 def measure_lazyrt(name: str, mode: str, steps: int = 3) -> dict:
     import lazyrt
-    from lazyrt import _xla
+    from lazyrt._exec import xla as _xla
 
     lazyrt.set_mode(mode)
     programs: list = []

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     res["floor_jit"] = _best(jit_chain, a.reps, a.ops)
 
     import lazyrt
-    from lazyrt import _defer
+    from lazyrt._exec import defer as _defer
 
     with lazyrt.set_mode("defer"):
         tx, tw = x.to("tpu"), w.to("tpu")

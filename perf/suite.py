@@ -66,7 +66,8 @@ info = {"jax_backend": jax.default_backend(), "jax_version": jax.__version__,
         "jax_device": str(getattr(d, "device_kind", d)), "jax_device_count": jax.device_count(),
         "torch_version": torch.__version__, "torch_threads": torch.get_num_threads()}
 import lazyrt
-from lazyrt import _hostmem, _xla
+from lazyrt._base import hostmem as _hostmem
+from lazyrt._exec import xla as _xla
 info["lazyrt_xla_compile_options"] = _xla.compile_options()
 info["lazyrt_host_malloc_cache"] = _hostmem.applied()
 print(json.dumps(info))

@@ -1,4 +1,4 @@
-"""Tensors grown by ``torch.cat`` appends (``lazyrt/_append.py``): the same values, shapes
+"""Tensors grown by ``torch.cat`` appends (``lazyrt/_ops/append.py``): the same values, shapes
 and dtypes as CPU, views and writes that alias as PyTorch's, and programs that do not
 change with the length."""
 from __future__ import annotations
@@ -252,7 +252,7 @@ def test_grown_floats_keep_exact_storage_under_autograd(mode):
     x = torch.zeros(2, 3, device="tpu")
     for _ in range(3):
         x = torch.cat([x, torch.ones(2, 1, device="tpu")], 1)
-    from lazyrt import _append
+    from lazyrt._ops import append as _append
 
     assert _append.whole(x) is None  # gradients on: an ordinary cat
     with torch.no_grad():

@@ -174,7 +174,7 @@ def test_a_graph_whose_surroundings_keep_recompiling_runs_alone():
     """Generation's shape: a compiled step between eager ops on a growing tensor. Each
     call's trace is new until the graph is isolated; then the graph's program is a cache
     hit at every call and only the small eager programs around it compile."""
-    from lazyrt import _defer
+    from lazyrt._exec import defer as _defer
 
     w = torch.randn(8, 8)
     wt = w.to("tpu")

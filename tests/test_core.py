@@ -6,8 +6,14 @@ import pytest
 import torch
 
 import lazyrt
-from lazyrt import _defer, _exes, _plan, _resolve, _strict, _views, memory
-from lazyrt._config import config
+from lazyrt._base import memory
+from lazyrt._base.config import config
+from lazyrt._exec import defer as _defer
+from lazyrt._exec import exes as _exes
+from lazyrt._exec import strict as _strict
+from lazyrt._exec import views as _views
+from lazyrt._ops import plan as _plan
+from lazyrt._ops import resolve as _resolve
 from lazyrt.lowering._registry import LOWERINGS
 
 
@@ -229,7 +235,7 @@ def test_every_lowering_has_a_findable_name():
 def test_coverage_agrees_with_the_dispatcher():
     for name in ("aten.nonzero.out", "aten.masked_select.out", "aten.add_.Tensor",
                  "aten.squeeze_.default", "aten.mm.default", "aten.index.Tensor"):
-        op = lazyrt._coverage._op_of(name)
+        op = lazyrt._ops.coverage._op_of(name)
         assert lazyrt.coverage(name).how == _resolve.resolve(op).resolution.how
 
 

@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyrt
-from lazyrt import _defer
-from lazyrt._ir import Pending
+from lazyrt._base.ir import Pending
+from lazyrt._exec import defer as _defer
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def _counters():
 
 
 def _is_pending(t):
-    from lazyrt._values import value
+    from lazyrt._exec.values import value
 
     return type(value(t)) is Pending
 
@@ -187,7 +187,7 @@ def test_donation_only_when_no_alias_reads_old_value():
 def _cosh_fails_at_compile():
     """Within: ``cosh``'s lowering passes the abstract check at the op, then raises when
     a flush compiles it. Its plans are dropped on the way in and out."""
-    from lazyrt import _resolve
+    from lazyrt._ops import resolve as _resolve
 
     entry = _resolve.resolve(torch.ops.aten.cosh.default)
     real = entry.fn

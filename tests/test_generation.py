@@ -158,7 +158,7 @@ class _CompilesPerToken:
 def test_generate_compiles_nothing_per_token(mode, cache, batch, left_pad):
     """The token ids, positions and attention mask that grow by one a step, and the
     default dynamic cache's keys and values, live in append buffers
-    (``lazyrt/_append.py``: the static cache's padded mask is padded to the cache's length,
+    (``lazyrt/_ops/append.py``: the static cache's padded mask is padded to the cache's length,
     and SDPA attends over the grown keys, with the length as a runtime scalar): after the
     first tokens a token compiles no program, and the tokens are CPU's. (The last token
     may compile one: the stopping criterion's constant flips to True. A left-padded batch

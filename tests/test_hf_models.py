@@ -104,7 +104,8 @@ def test_a_wrong_lowering_is_named():
     lowered as ReLU) and check BERT's failure message."""
     import jax
 
-    from lazyrt import _control, _resolve  # the op's entry holds the lowering it runs
+    from lazyrt._ops import control as _control  # the op's entry holds the lowering it runs
+    from lazyrt._ops import resolve as _resolve
 
     op = torch.ops.aten.gelu.default
     entry = _resolve.resolve(op)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lazyrt
-from lazyrt import memory
+from lazyrt._base import memory
 
 N = 1 << 20  # floats: 4 MiB per tensor
 NB = 4 * N

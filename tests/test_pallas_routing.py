@@ -1,7 +1,7 @@
 """Routing of SDPA and mm/addmm/bmm to the Pallas kernels (interpret mode on CPU).
 
 Counters count routing decisions made while tracing ("calls traced", see
-``lazyrt._pallas``): > 0 means a kernel is in the compiled code.
+``lazyrt.lowering.pallas_router``): > 0 means a kernel is in the compiled code.
 """
 from __future__ import annotations
 

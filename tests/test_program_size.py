@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lazyrt
-from lazyrt import _defer
+from lazyrt._exec import defer as _defer
 
 N = 40
 
@@ -275,7 +275,7 @@ def test_lean_simplify_folds_constants_and_keeps_converts_that_change_values():
     from jax._src.lax.lax import _convert_element_type
     from jax.extend import core as jcore
 
-    from lazyrt import _lean
+    from lazyrt._exec import lean as _lean
 
     def f(x, s):
         w = _convert_element_type(s, weak_type=True)  # a weak-type-only convert

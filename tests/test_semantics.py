@@ -579,7 +579,8 @@ def test_debug_mode_names_op_that_made_nan():
 
 
 def test_debug_compare_reports_divergence():
-    from lazyrt import _debug, _resolve
+    from lazyrt._exec import debug as _debug
+    from lazyrt._ops import resolve as _resolve
     from lazyrt.lowering._registry import LOWERINGS
 
     op = torch.ops.aten.sinh.default

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import lazyrt
-from lazyrt._values import concrete
+from lazyrt._exec.values import concrete
 
 
 def _attention_step(q, k, v):

@@ -1,5 +1,6 @@
-"""The shape of the runtime: imports point one way, observers import nothing above them,
-modules stay small, every torch monkeypatch sits in ``_patches``."""
+"""The shape of the runtime: packages by stage, imports pointing one way (function-level
+imports included), no import circle, observers importing nothing above them, modules small,
+every torch monkeypatch in ``_torch.patches``."""
 from __future__ import annotations
 
 import ast
@@ -13,6 +14,10 @@ import torch
 PKG = pathlib.Path(__file__).resolve().parent.parent / "lazyrt"
 MAX_LINES = 500
 
+# The stages, lowest first: a module imports only modules of its own stage or of stages
+# below it. The top (``lazyrt/*.py``: the installer and the public surface) may import all.
+STAGES = ["_base", "lowering", "_exec", "_ops", "_torch", "_compile", "distributed", "_memcli"]
+
 
 def _modules():
     for p in sorted(PKG.rglob("*.py")):
@@ -23,12 +28,12 @@ def _modules():
         yield ".".join(parts), p
 
 
-def _top_level_imports(name: str, path: pathlib.Path) -> set:
-    """lazyrt modules imported at module level (not inside functions)."""
+def _imports(name: str, path: pathlib.Path, top_level_only: bool) -> set:
+    """lazyrt modules that ``name`` imports: at module level, or anywhere (functions too)."""
     tree = ast.parse(path.read_text())
     pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in tree.body:
+    for node in (tree.body if top_level_only else ast.walk(tree)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
@@ -60,10 +65,32 @@ def _is_package(mod: str) -> bool:
     return (PKG.parent.joinpath(*mod.split(".")) / "__init__.py").exists()
 
 
-GRAPH = {name: _top_level_imports(name, path) for name, path in _modules()}
+def _stage(mod: str) -> int:
+    """Index of ``mod``'s stage in STAGES; the top (``lazyrt``, ``lazyrt.x``) is above all."""
+    parts = mod.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and _is_package(mod)):
+        return STAGES.index(parts[1])
+    return len(STAGES)
+
+
+GRAPH = {name: _imports(name, path, top_level_only=False) for name, path in _modules()}
+
+
+def test_every_package_is_a_stage():
+    pkgs = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert pkgs == set(STAGES)
+
+
+def test_imports_point_down():
+    """No module imports a module of a stage above its own (function-level imports count)."""
+    up = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+                if _stage(d) > _stage(m))
+    assert up == []
 
 
 def test_imports_form_no_cycle():
+    """No import circle anywhere, function-level imports included (a package's
+    ``__init__`` importing its own submodules is not a dependency back)."""
     seen, stack, cycles = set(), [], []
 
     def visit(m):
@@ -75,7 +102,6 @@ def test_imports_form_no_cycle():
         seen.add(m)
         stack.append(m)
         for d in GRAPH.get(m, ()):
-            # a package's __init__ importing its submodules is not a dependency back
             if d != "lazyrt" and not (m.startswith(d + ".") and _is_package(d)):
                 visit(d)
         stack.pop()
@@ -86,18 +112,27 @@ def test_imports_form_no_cycle():
     assert cycles == []
 
 
-@pytest.mark.parametrize("observer", ["lazyrt.memory", "lazyrt.metrics"])
+def test_the_layering_test_sees_function_level_imports(tmp_path):
+    """The checks above read imports inside functions too (a circle closed by a
+    function-level import is still a circle)."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from lazyrt._compile import api\n")
+    assert "lazyrt._compile.api" in _imports("lazyrt._torch.m", f, top_level_only=False)
+    assert _stage("lazyrt._compile.api") > _stage("lazyrt._torch.patches")
+
+
+@pytest.mark.parametrize("observer", ["lazyrt._base.memory", "lazyrt._base.metrics"])
 def test_observers_import_nothing_above_them(observer):
-    allowed = {"lazyrt.metrics", "lazyrt._source"}
+    allowed = {"lazyrt._base.metrics", "lazyrt._base.source"}
     assert GRAPH[observer] <= allowed
 
 
-def test_lowerings_do_not_import_the_runtime():
-    runtime = {"lazyrt._dispatch", "lazyrt._resolve", "lazyrt._handlers", "lazyrt._values",
-               "lazyrt._defer", "lazyrt._strict", "lazyrt._plan", "lazyrt._tensor"}
-    for m, deps in GRAPH.items():
-        if m.startswith("lazyrt.lowering"):
-            assert not (deps & runtime), (m, deps & runtime)
+def test_lowerings_import_only_ground_facts():
+    """Lowerings are pure JAX over ground facts: they import nothing of the executors or
+    the dispatcher (``_base`` and ``lowering`` only)."""
+    bad = {m: deps for m, deps in GRAPH.items() if m.startswith("lazyrt.lowering")
+           and any(_stage(d) > STAGES.index("lowering") for d in deps)}
+    assert bad == {}
 
 
 def test_modules_are_small():
@@ -115,7 +150,7 @@ def test_torch_is_patched_only_in_patches():
     """No module but ``_patches`` assigns to an attribute of torch."""
     offenders = []
     for name, path in _modules():
-        if name == "lazyrt._patches":
+        if name == "lazyrt._torch.patches":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign):
@@ -136,15 +171,15 @@ def test_patched_torch_attributes_still_exist():
     import torch.autograd.graph
     import torch.optim.optimizer as optim_mod
 
-    from lazyrt import _patches
+    from lazyrt._torch import patches as _patches
 
     assert _patches._installed
     assert torch.autograd.graph._engine_run_backward.__name__ == "_engine_run_backward"
-    assert sr.find_torch_dispatch_rule.__module__ == "lazyrt._patches"
-    assert torch.set_float32_matmul_precision.__module__ == "lazyrt._patches"
-    assert torch.nn.Module._apply.__module__ == "lazyrt._patches"
-    assert torch.accelerator.synchronize.__module__ == "lazyrt._patches"
-    assert torch.accelerator.memory.memory_allocated.__module__ == "lazyrt._patches"
+    assert sr.find_torch_dispatch_rule.__module__ == "lazyrt._torch.patches"
+    assert torch.set_float32_matmul_precision.__module__ == "lazyrt._torch.patches"
+    assert torch.nn.Module._apply.__module__ == "lazyrt._torch.patches"
+    assert torch.accelerator.synchronize.__module__ == "lazyrt._torch.patches"
+    assert torch.accelerator.memory.memory_allocated.__module__ == "lazyrt._torch.patches"
     assert torch.Generator is not torch._C.Generator
     assert torch.load is torch.serialization.load and hasattr(torch.load, "__wrapped__")
     assert lazyrt_tensor() in optim_mod._foreach_supported_types
@@ -172,7 +207,7 @@ def test_any_module_can_be_imported_first():
     """Importing any lazyrt module first (in a fresh interpreter) leaves a working device."""
     # (``import lazyrt.x`` runs lazyrt/__init__ first anyway; the acyclic import graph
     # above is the real check. A few starts, each ~2 s.)
-    names = ["lazyrt._values", "lazyrt.lowering.pointwise", "lazyrt._compile.graph"]
+    names = ["lazyrt._exec.values", "lazyrt.lowering.pointwise", "lazyrt._compile.graph"]
     code = ("import importlib, sys, torch\n"
             "importlib.import_module(sys.argv[1])\n"
             "x = torch.ones(3, device='tpu')\n"

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from _util import assert_close
 
 import lazyrt
-from lazyrt import _hostmem, _xla
+from lazyrt._base import hostmem as _hostmem
+from lazyrt._exec import xla as _xla
 
 
 def _wide_float32():
@@ -106,7 +107,7 @@ def test_compile_options_reach_the_executable(mode):
         del y
 
 
-_PROBE = ("import lazyrt, json, torch; from lazyrt import _hostmem; "
+_PROBE = ("import lazyrt, json, torch; from lazyrt._base import hostmem as _hostmem; "
           "from jax._src import xla_bridge as xb; "
           "assert not xb._backends, 'import lazyrt started a JAX backend'; "
           "assert _hostmem.applied() == {}; "

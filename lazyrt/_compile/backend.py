@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from ..metrics import COUNTERS
+from .._base.metrics import COUNTERS
 from . import dynamo
 from .graph import GraphProgram
 
@@ -71,7 +71,7 @@ def _decompositions() -> dict:
     lookup: ``_resolve``); every other op reaches the graph as itself."""
     from torch._decomp import decomposition_table
 
-    from .._resolve import lookup
+    from .._ops.resolve import lookup
 
     out = {}
     for op, fn in decomposition_table.items():

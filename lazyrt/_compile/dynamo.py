@@ -20,7 +20,7 @@ def setup() -> None:
         return
     import torch._dynamo.trace_rules as trace_rules
 
-    from .. import _patches
+    from .._torch import patches as _patches
 
     _patches.install_dynamo()
     # NOTE: lazyrt's own modules, and what they call (a frame of a skipped file still runs

@@ -23,15 +23,17 @@ import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload
 
-from .. import _defer, _dtypes, _rng
-from .._args import rebuild, spec_of_meta, template, walk
-from .._control import flush_pending
-from .._ir import Prog
-from .._plan import make_plan
-from .._resolve import resolve
-from .._tensor import Storage, TpuTensor
-from .._values import concrete, host_to_device, new_tensor, run, write
-from ..metrics import COUNTERS
+from .._base import dtypes as _dtypes
+from .._base import rng as _rng
+from .._base.ir import Prog
+from .._base.metrics import COUNTERS
+from .._base.tensor import Storage, TpuTensor
+from .._exec import defer as _defer
+from .._exec.values import concrete, host_to_device, new_tensor, run, write
+from .._ops.args import rebuild, spec_of_meta, template, walk
+from .._ops.control import flush_pending
+from .._ops.plan import make_plan
+from .._ops.resolve import resolve
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
 
 _X64 = jax.enable_x64

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .._args import _TRACING_TYPES, walk
-from .._tensor import TpuTensor
+from .._base.tensor import TpuTensor
+from .._ops.args import _TRACING_TYPES, walk
 
 
 class _GraphEntry:

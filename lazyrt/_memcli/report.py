@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from lazyrt.memory import fmt_bytes
+from .._base.memory import fmt_bytes
 
 SCHEMA = "lazyrt-mem/1"
 
@@ -32,8 +32,9 @@ def short_source(src: str) -> str:
 def summarize(records: list[dict], *, mode: str, script: str, argv: list, exit_status: int,
               wall_seconds: float, error: str | None) -> dict:
     """The run's summary (a JSON-able dict) from the flush log and lazyrt's counters."""
-    from lazyrt import _defer, memory
-    from lazyrt.metrics import COUNTERS
+    from .._base import memory
+    from .._base.metrics import COUNTERS
+    from .._exec import defer as _defer
 
     info = memory.peak_info()
     stats = memory.memory_stats()

@@ -34,9 +34,12 @@ def __getattr__(name):
 
 
 def _create(dist_backend_opts, backend_options=None):
+    from . import _functional
     from ._backend import create
 
-    return create(dist_backend_opts, backend_options)
+    pg = create(dist_backend_opts, backend_options)
+    _functional.install()
+    return pg
 
 
 def register_backends() -> None:

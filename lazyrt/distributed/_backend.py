@@ -448,8 +448,5 @@ def create(dist_backend_opts, backend_options=None) -> ProcessGroupTpu:
     if not dist.is_initialized():
         # The default group: start jax.distributed from the rendezvous first.
         _startup.ensure_started(store, rank, size, timeout)
-    from . import _functional
-
-    _functional.install()
     return ProcessGroupTpu(store, rank, size, timeout, ranks, str(dist_backend_opts.group_id))
 

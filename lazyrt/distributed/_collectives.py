@@ -38,6 +38,10 @@ AXIS = "r"
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
+# how collectives ran (isolated / fused); ``lazyrt.distributed`` reports it
+STATS = {"isolated": 0, "fused_recorded": 0, "fused_flushes": 0, "checks": 0,
+         "check_seconds": 0.0}
+
 
 def _as_reducible(x):
     # XLA's collectives take no bool: reduce as int32, cast back afterwards.
@@ -206,3 +210,12 @@ class Comm:
         with _rt.X64(True):
             outs = f(*[self.wrap(a) for a in arrays])
         return [self.unwrap(o) for o in outs]
+
+
+def out_avals(comm, kind: str, params: tuple, in_avals) -> tuple:
+    """Shapes and dtypes of a collective's outputs (its bodies keep each input's dtype)."""
+    f = comm.program(kind, params, 1)
+    structs = [jax.ShapeDtypeStruct(s, d) for s, d in in_avals]
+    with _rt.X64(True):
+        outs = jax.eval_shape(f, *structs)
+    return tuple((tuple(o.shape), np.dtype(o.dtype)) for o in outs)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .._config import _env_bool, _env_float
+from .._base.config import _env_bool, _env_float
 
 
 def _env_check() -> str:

@@ -17,14 +17,11 @@ The anti-deadlock rule (``_fused`` enforces its second half):
 """
 from __future__ import annotations
 
-import jax
 import numpy as np
 
-from . import _collectives, _rt
+from . import _collectives, _fused, _rt
+from ._collectives import STATS
 from ._config import dist_config
-
-STATS = {"isolated": 0, "fused_recorded": 0, "fused_flushes": 0, "checks": 0,
-         "check_seconds": 0.0}
 
 
 def fused_active() -> bool:
@@ -65,15 +62,6 @@ def _values(tensors) -> list:
     return [_rt.value_of(t) for t in tensors]
 
 
-def out_avals(comm, kind: str, params: tuple, in_avals) -> tuple:
-    """Shapes and dtypes of a collective's outputs (its bodies keep each input's dtype)."""
-    f = comm.program(kind, params, 1)
-    structs = [jax.ShapeDtypeStruct(s, d) for s, d in in_avals]
-    with _rt.X64(True):
-        outs = jax.eval_shape(f, *structs)
-    return tuple((tuple(o.shape), np.dtype(o.dtype)) for o in outs)
-
-
 def run(pg, kind: str, params: tuple, tensors, what: str | None = None) -> list:
     """Run collective ``kind`` of ``pg``'s group on this rank's tpu ``tensors``.
 
@@ -82,14 +70,10 @@ def run(pg, kind: str, params: tuple, tensors, what: str | None = None) -> list:
     comm = pg.comm
     what = what or kind
     if fused_active() and not _forced_isolated[0]:
-        from . import _fused
-
         return _fused.record(pg, kind, params, tensors)
     flush_for_c10d(what)
     arrays = [_rt.array_of(t) for t in tensors]
     if dist_config.check == "on":
-        from . import _fused
-
         _fused.check_isolated(pg, kind, params, arrays)
     STATS["isolated"] += 1
     return comm.run(kind, params, arrays)
@@ -99,4 +83,4 @@ def local_avals(tensors) -> tuple:
     return tuple((tuple(t.shape), np.dtype(_rt.to_jax_dtype(t.dtype))) for t in tensors)
 
 
-__all__ = ["run", "flush_for_c10d", "fused_active", "out_avals", "local_avals", "_collectives"]
+__all__ = ["run", "flush_for_c10d", "fused_active", "local_avals", "_collectives"]

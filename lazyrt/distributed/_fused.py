@@ -32,10 +32,10 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import _collectives, _engine, _rt
+from . import _collectives, _rt
 from ._config import dist_config
 
-STATS = _engine.STATS
+STATS = _collectives.STATS
 
 
 class _TraceState:
@@ -102,7 +102,7 @@ def _prog(comm, kind, params, in_avals):
         def fn(*xs):
             return (b(*xs),)
 
-        outs = _engine.out_avals(comm, kind, params, in_avals)
+        outs = _collectives.out_avals(comm, kind, params, in_avals)
         desc = f"{kind}{dict(params)} group={comm.pg.getGroupName()}"
         prog = _rt.Prog(f"c10d.{kind}", fn, (), outs, desc)
         _progs[key] = prog
@@ -148,7 +148,7 @@ class _Runner:
         self.st = st
 
     def compile_program(self, fn, args, donate_argnums=(0,)):
-        """The core's compile hook (lazyrt._defer.flush): (executable, memory analysis,
+        """The core's compile hook (lazyrt._exec.defer.flush): (executable, memory analysis,
         seconds), counted like any compile."""
         t0 = time.perf_counter()
         exe = self.compile(fn, *args)

@@ -11,10 +11,27 @@ from __future__ import annotations
 import jax
 import torch
 
-from .. import _defer, _dtypes, _lean, _resolve, _strict, _values, _xla, memory
-from .._config import config
-from .._ir import Pending, Prog
-from .._tensor import TpuTensor, contiguous_strides
+from .._base import dtypes as _dtypes
+from .._base import memory
+from .._base.config import config
+from .._base.ir import Pending, Prog
+from .._base.tensor import TpuTensor, contiguous_strides
+from .._exec import (
+    defer as _defer,
+)
+from .._exec import (
+    lean as _lean,
+)
+from .._exec import (
+    strict as _strict,
+)
+from .._exec import (
+    values as _values,
+)
+from .._exec import (
+    xla as _xla,
+)
+from .._ops import resolve as _resolve
 from ..lowering import _registry
 
 __all__ = [
@@ -165,14 +182,14 @@ def apply(fn, value, name: str):
 
 def sync_device() -> None:
     """``lazyrt.sync()``: flush, then wait for all dispatched device work."""
-    from .._control import sync
+    from .._ops.control import sync
 
     sync()
 
 
 def user_line() -> str:
     """The user's source line that led here (outside lazyrt, torch and the stdlib)."""
-    from .. import _source
+    from .._base import source as _source
 
     return _source.user_line(3)
 
@@ -193,7 +210,7 @@ def memory_analysis(compiled):
 
 def note_compile(seconds: float) -> None:
     """Count a compile lazyrt.distributed did for the core (cache_misses, compile_seconds)."""
-    from ..metrics import COUNTERS
+    from .._base.metrics import COUNTERS
 
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds
@@ -201,7 +218,7 @@ def note_compile(seconds: float) -> None:
 
 def install_torch_patches(engine) -> None:
     """FSDP2's storage no-ops and flush points and DTensor's rank-dependent chunks
-    (``lazyrt._patches.install_distributed``; ``engine`` gives the hooks)."""
-    from .. import _patches
+    (``lazyrt._torch.patches.install_distributed``; ``engine`` gives the hooks)."""
+    from .._torch import patches as _patches
 
     _patches.install_distributed(engine)

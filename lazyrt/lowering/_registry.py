@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from .._dtypes import to_jax as to_jax_dtype
+from .._base.dtypes import to_jax as to_jax_dtype
 
 __all__ = ["Lowering", "lower", "named", "LOWERINGS", "get_lowering", "to_jax_dtype", "inverse",
            "INVERSES", "prims"]
@@ -107,7 +107,7 @@ def get_lowering(op: OpOverload) -> Lowering | None:
 
 # How a write into a view scatters into its base, per view op: ``fn(base, new) -> base'``
 # (``base`` the value the view was taken of, ``new`` the view's new value). A view op with
-# no entry here gets the runtime's generic inverse (``lazyrt._views``): push an iota of the
+# no entry here gets the runtime's generic inverse (``lazyrt._exec.views``): push an iota of the
 # base through the view's own lowering and scatter.
 INVERSES: dict[OpOverload, Callable] = {}
 

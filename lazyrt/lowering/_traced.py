@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload
 
-from .. import _dtypes
+from .._base import dtypes as _dtypes
 from ._registry import LOWERINGS
 
 __all__ = ["jax_fn", "needs_static_floats", "trace_decomposition"]

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .._dtypes import to_jax
-from .._xla import on_cpu
+from .._base.dtypes import to_jax
+from .._base.platform import on_cpu
 
 
 def jdt(dtype):

@@ -9,7 +9,7 @@ PrivateUse1 it answers "math", which decomposes into ``bmm``/``_safe_softmax``/`
 
 So lazyrt registers an ``AutogradPrivateUse1`` kernel for
 ``aten::scaled_dot_product_attention`` (``_pallas.sdpa_autograd_kernel``, registered by
-``lazyrt._registration``; it takes precedence over the composite kernel for ``tpu``
+``lazyrt._install``; it takes precedence over the composite kernel for ``tpu``
 tensors only). When the call can use a fused op (4-D q/k/v of one floating dtype, no
 dropout, a mask that needs no gradient, GQA only with ``enable_gqa=True``), it calls
 ``aten._scaled_dot_product_fused_attention_overrideable``, PyTorch's fused SDPA op
@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _pallas
-from ..metrics import COUNTERS
+from .._base.metrics import COUNTERS
+from . import pallas_router as _pallas
 from ._registry import aten, lower
 from ._util import matmul_precision
 

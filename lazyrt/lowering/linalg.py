@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .._xla import on_cpu
+from .._base.platform import on_cpu
 from ._registry import aten, lower
 from ._util import canon_dim, jdt, matmul_precision, opmath
 
@@ -26,7 +26,7 @@ def _coef(c, like):
 
 @lower(aten.mm.default)
 def mm(self, mat2):
-    from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
+    from .pallas_router import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
 
     out = pallas_matmul(self, mat2)
     return _dot(self, mat2) if out is None else out
@@ -34,7 +34,7 @@ def mm(self, mat2):
 
 @lower(aten.bmm.default)
 def bmm(self, mat2):
-    from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
+    from .pallas_router import matmul as pallas_matmul  # Pallas router (issue 5): None = XLA
 
     out = pallas_matmul(self, mat2)
     return _dot(self, mat2) if out is None else out
@@ -64,7 +64,7 @@ def vdot(self, other):
 @lower(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if type(alpha) is int and alpha == 1 and type(beta) is int and beta == 1:
-        from .._pallas import matmul as pallas_matmul  # Pallas router (issue 5)
+        from .pallas_router import matmul as pallas_matmul  # Pallas router (issue 5)
 
         out = pallas_matmul(mat1, mat2, bias=self)
         if out is not None:

@@ -1,4 +1,4 @@
-"""Random ops. Each gets a PRNG key built from a runtime seed (see lazyrt._rng):
+"""Random ops. Each gets a PRNG key built from a runtime seed (see lazyrt._base.rng):
 values differ from CPU's generator, distributions match."""
 from __future__ import annotations
 

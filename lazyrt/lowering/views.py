@@ -1,5 +1,5 @@
 """View and shape ops. A view op's lowering computes the view's *value*; the
-runtime keeps the aliasing (see ``lazyrt._tensor``), and writes through a view
+runtime keeps the aliasing (see ``lazyrt._base.tensor``), and writes through a view
 with the inverse the runtime derives from this same lowering."""
 from __future__ import annotations
 

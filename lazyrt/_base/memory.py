@@ -1,0 +1,370 @@
+"""Device-memory (HBM) accounting.
+
+One choke point: every ``jax.Array`` lazyrt materializes for a ``tpu`` tensor
+goes through ``track``; a weak reference uncounts it when the last holder lets
+it go. For every computation (a strict op or a defer flush) the executor calls
+``record_execution`` with XLA's own memory analysis of the compiled executable;
+the HBM peak of that computation is
+
+    live bytes not passed into it + its own peak (arguments + outputs + temps - aliased)
+
+and the running maximum is the process peak. Strict and defer use the same
+accounting, so their peaks compare fairly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+
+import jax
+
+from . import source as _source
+from .metrics import COUNTERS
+
+
+class _Tracked(weakref.ref):
+    """A weak reference to a tracked array, with its id and bytes (one shared callback,
+    ``_release``, rather than a closure per array: tracking is on every op's path)."""
+
+    __slots__ = ("key", "nbytes")
+
+
+_live: dict[int, _Tracked] = {}  # id(array) -> its _Tracked
+# NOTE: re-entrant: a weakref callback (``_release``) can run inside ``track`` on the same
+# thread when an allocation frees something. Taken by every update of the live bytes, so
+# threads dispatching ops at once keep the count exact.
+_LOCK = threading.RLock()
+_state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
+# Counters already attributed to a logged execution (strict mode learns its
+# compiles from them; see record_execution).
+LIVE_WHERE = "live tensors (between computations)"
+_log: list[FlushRecord] = []
+_listeners: list = []
+LOG_LIMIT = 100_000
+# Log every strict-mode execution too (the memory profiler turns this on).
+LOG_STRICT = [False]
+_T0 = time.perf_counter()
+
+
+def _observe(live: int) -> None:
+    """``live`` bytes were resident at once: fold them into the peaks."""
+    _state["live_peak"] = max(_state["live_peak"], live)
+    if live > _state["peak"]:
+        _state["peak"] = live
+        _state["peak_where"] = f"{LIVE_WHERE}, until {_source.user_line(3)}"
+        _state["peak_index"] = _log_index[0] - 1
+
+
+def _release(ref: _Tracked) -> None:
+    """The array of ``ref`` is garbage (its weakref callback)."""
+    with _LOCK:
+        if _live.get(ref.key) is ref:
+            del _live[ref.key]
+            live = _state["live"]
+            # NOTE: live bytes peak just before they drop; observing here (and at each
+            # computation and each read) rather than in ``track`` keeps a flush's outputs,
+            # tracked while its donated inputs are not yet uncounted, from double-counting.
+            if live > _state["peak"] or live > _state["live_peak"]:
+                _observe(live)
+            _state["live"] = live - ref.nbytes
+
+
+def _purge_deleted() -> int:
+    """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
+    freed = 0
+    with _LOCK:
+        for key, ref in list(_live.items()):
+            a = ref()
+            if a is not None and a.is_deleted():
+                # The weakref callback pops nothing later: the entry is gone.
+                del _live[key]
+                freed += ref.nbytes
+        _state["live"] -= freed
+    return freed
+
+
+def track(arr, nbytes: int | None = None) -> None:
+    """Count a materialized device array until it is garbage (``nbytes`` if the caller
+    knows it: ``jax.Array.nbytes`` costs microseconds, which add up over a flush's outputs)."""
+    key = id(arr)
+    if key in _live:
+        return
+    if nbytes is None:
+        nbytes = arr.nbytes
+    try:
+        ref = _Tracked(arr, _release)
+    except TypeError:  # not weak-referenceable (a Python scalar); nothing to count
+        return
+    ref.key = key
+    ref.nbytes = nbytes
+    with _LOCK:
+        _live[key] = ref
+        _state["live"] += nbytes
+
+
+def live_bytes() -> int:
+    return _state["live"]
+
+
+def live_arrays() -> list:
+    """Every tracked array still alive and not donated away: the values tpu tensors hold
+    (``lazyrt.sync`` waits for them)."""
+    with _LOCK:
+        refs = list(_live.values())
+    out = []
+    for ref in refs:
+        a = ref()
+        if a is not None and not a.is_deleted():
+            out.append(a)
+    return out
+
+
+def untrack(arrays) -> int:
+    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
+    freed = 0
+    with _LOCK:
+        for a in arrays:
+            e = _live.pop(id(a), None)
+            if e is not None:
+                freed += e.nbytes
+        _state["live"] -= freed
+        _state["untracked"] = True
+    return freed
+
+
+def bytes_of(arrays) -> int:
+    """Bytes of the distinct tracked arrays among ``arrays``."""
+    seen = set()
+    total = 0
+    for a in arrays:
+        k = id(a)
+        if k in seen:
+            continue
+        seen.add(k)
+        e = _live.get(k)
+        if e is not None:
+            total += e.nbytes
+    return total
+
+
+@dataclasses.dataclass
+class MemoryAnalysis:
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    peak_bytes: int
+    generated_code_bytes: int = 0
+
+    @classmethod
+    def of(cls, compiled) -> MemoryAnalysis:
+        try:
+            m = compiled.memory_analysis()
+        except Exception:
+            m = None
+        if m is None:
+            return cls(0, 0, 0, 0, 0)
+        arg = int(getattr(m, "argument_size_in_bytes", 0))
+        out = int(getattr(m, "output_size_in_bytes", 0))
+        tmp = int(getattr(m, "temp_size_in_bytes", 0))
+        alias = int(getattr(m, "alias_size_in_bytes", 0))
+        peak = getattr(m, "peak_memory_in_bytes", None)
+        if not peak:
+            # NOTE: XLA:CPU does not report a peak; arguments, outputs and temps
+            # can all be live at once, minus outputs that reuse donated inputs.
+            peak = arg + out + tmp - alias
+        return cls(arg, out, tmp, alias, int(peak),
+                   int(getattr(m, "generated_code_size_in_bytes", 0)))
+
+
+@dataclasses.dataclass
+class FlushRecord:
+    index: int
+    mode: str
+    trace_hash: str
+    num_ops: int
+    cache_hit: bool
+    compile_seconds: float
+    execute_seconds: float
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    live_bytes_before: int
+    live_bytes_after: int
+    hbm_peak_bytes: int
+    source: str
+    largest_tensors: list
+    start_seconds: float
+    name: str = ""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_log_index = [0]  # index of the next logged execution (FlushRecord.index)
+
+
+def computation_peak(live_before: int, passed_bytes: int, analysis: MemoryAnalysis) -> int:
+    """THE peak rule of one computation: live bytes not passed into it + its own peak."""
+    return max(live_before - passed_bytes, 0) + analysis.peak_bytes
+
+
+def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: str) -> None:
+    """Fold one unlogged computation (a strict op on the hot path, run on ``arrays``) into
+    the process peak."""
+    if live_before + analysis.peak_bytes <= _state["peak"]:
+        return  # an upper bound of its peak: the bytes passed in need not be counted
+    peak = computation_peak(live_before, bytes_of(arrays), analysis)
+    if peak > _state["peak"]:
+        _state["peak"] = peak
+        _state["peak_where"] = where
+
+
+def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cache_hit: bool,
+                     compile_seconds: float, execute_seconds: float, analysis: MemoryAnalysis,
+                     live_before: int, passed_bytes: int, source: str = "",
+                     largest: list | None = None, log: bool = True, t_start: float = 0.0) -> int:
+    """Account one computation; returns its HBM peak in bytes.
+
+    Call it after the computation's outputs are tracked. Inputs XLA deleted
+    (donated) are uncounted here, so live bytes never hold a donated input and the
+    output that reuses its buffer at once.
+    """
+    _observe(live_before)
+    if analysis.alias_bytes and not _state.pop("untracked", False):
+        # Donated inputs: deleted by XLA but maybe still referenced (by the trace).
+        # NOTE: a scan of every tracked array; an executor that calls ``untrack``
+        # on the arrays it donated (before this call) skips it.
+        _purge_deleted()
+    _state.pop("untracked", None)
+    peak = computation_peak(live_before, passed_bytes, analysis)
+    idx = _log_index[0]
+    _log_index[0] = idx + 1
+    if log and not source:
+        source = _source.user_line(2)
+    st = _state
+    # NOTE: an unlogged computation (``note_computation``) names itself ("where" = its op
+    # name); a tie with it takes this call's source line.
+    where = st["peak_where"]
+    if peak > st["peak"] or (peak == st["peak"] and (where in (name, "")
+                                                     or where.startswith(LIVE_WHERE))):
+        st["peak"] = peak
+        st["peak_where"] = source or name
+        st["peak_index"] = idx
+    _observe(st["live"])
+    if log and len(_log) < LOG_LIMIT:
+        rec = FlushRecord(
+            index=idx, mode=mode, trace_hash=trace_hash, num_ops=num_ops, cache_hit=cache_hit,
+            compile_seconds=compile_seconds, execute_seconds=execute_seconds,
+            argument_bytes=analysis.argument_bytes, output_bytes=analysis.output_bytes,
+            temp_bytes=analysis.temp_bytes, alias_bytes=analysis.alias_bytes,
+            live_bytes_before=live_before, live_bytes_after=_state["live"], hbm_peak_bytes=peak,
+            source=source, largest_tensors=largest or [],
+            start_seconds=(t_start or time.perf_counter()) - _T0, name=name,
+        )
+        _log.append(rec)
+        for cb in _listeners:
+            cb(rec)
+    return peak
+
+
+def flush_log() -> list[FlushRecord]:
+    """Every recorded flush (defer) or logged execution, oldest first."""
+    return list(_log)
+
+
+def clear_log() -> None:
+    _log.clear()
+
+
+def add_listener(cb) -> None:
+    _listeners.append(cb)
+
+
+def max_memory_allocated() -> int:
+    _observe(_state["live"])
+    return _state["peak"]
+
+
+def reset_peak_memory_stats() -> None:
+    _state["peak"] = _state["live"]
+    _state["live_peak"] = _state["live"]
+    _state["peak_where"] = ""
+    _state["peak_index"] = -1
+
+
+def peak_info() -> dict:
+    _observe(_state["live"])
+    return {"peak_bytes": _state["peak"], "where": _state["peak_where"], "index": _state["peak_index"]}
+
+
+def device_stats() -> dict | None:
+    """The device's own memory stats where JAX exposes them (GPU/TPU); None on CPU."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return dict(stats) if stats else None
+
+
+def memory_stats() -> dict:
+    """Counters in the style of ``torch.cuda.memory_stats()``."""
+    _observe(_state["live"])
+    out = {
+        "allocated_bytes.all.current": _state["live"],
+        "allocated_bytes.all.peak": _state["peak"],
+        "live_bytes.all.peak": _state["live_peak"],
+        "active_bytes.all.current": _state["live"],
+        "active_bytes.all.peak": _state["live_peak"],
+        "allocation.all.current": len(_live),
+        "num_tracked_arrays": len(_live),
+        "num_executions": int(COUNTERS["executions"]),
+        "num_flushes": int(COUNTERS["flushes"]),
+        "num_logged_flushes": len(_log),
+        "num_compiles": int(COUNTERS["cache_misses"]),
+        "compile_seconds": float(COUNTERS["compile_seconds"]),
+        "execute_seconds": float(COUNTERS["execute_seconds"]),
+    }
+    dev = device_stats()
+    if dev:
+        for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"):
+            if k in dev:
+                out[f"device.{k}"] = dev[k]
+    return out
+
+
+def fmt_bytes(n) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (``None`` -> ``"-"``): the one byte formatter."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary() -> str:
+    s = memory_stats()
+    lines = [
+        "lazyrt memory summary",
+        f"  allocated (live tpu tensors): {fmt_bytes(s['allocated_bytes.all.current'])}",
+        f"  peak (HBM, incl. computation temporaries): {fmt_bytes(s['allocated_bytes.all.peak'])}",
+        f"  peak where: {_state['peak_where'] or '-'}",
+        f"  live peak (tensors only): {fmt_bytes(s['active_bytes.all.peak'])}",
+        f"  live arrays: {s['allocation.all.current']}",
+        (f"  computations run: {s['num_executions']} ({s['num_flushes']} defer flushes, "
+         f"{s['num_compiles']} compiles)"),
+    ]
+    dev = device_stats()
+    if dev:
+        lines.append(f"  device bytes_in_use: {fmt_bytes(dev.get('bytes_in_use', 0))}, "
+                     f"peak_bytes_in_use: {fmt_bytes(dev.get('peak_bytes_in_use', 0))}")
+    else:
+        lines.append(f"  device stats: none on the {jax.default_backend()} backend; "
+                     "only lazyrt's accounting exists")
+    return "\n".join(lines)

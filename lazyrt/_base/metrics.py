@@ -1,0 +1,86 @@
+"""Counters: ``lazyrt._base.metrics.counters()``, ``reset()``, ``report()``.
+
+The hot path increments plain dict entries (``COUNTERS[name] += 1``); nothing
+here is computed per op. An observer: this module imports nothing of lazyrt's.
+Values that are state rather than counts (``pending_ops``) are gauges: a module
+registers a function that reads them, called only when a snapshot is taken.
+"""
+from __future__ import annotations
+
+import collections
+
+_ZERO = {
+    "ops_dispatched": 0,
+    "ops_recorded": 0,
+    "executions": 0,
+    "flushes": 0,
+    "cache_hits": 0,
+    "cache_misses": 0,
+    "hash_collisions": 0,
+    "compile_seconds": 0.0,
+    "execute_seconds": 0.0,
+    "transfers_to_device": 0,
+    "transfers_to_host": 0,
+    "cpu_fallbacks": 0,
+    "pending_ops": 0,
+    "max_trace_ops": 0,
+    "window_flushes": 0,  # segments launched by LAZYRT_FUSION_WINDOW
+    "window_cut_failures": 0,  # segments that failed (recording went on in the same trace)
+    "wait_seconds": 0.0,  # host time blocked on device results (reads, lazyrt.sync)
+    "decompositions": 0,
+    "compiled_modules": 0,  # graphs Dynamo handed the tpu backend
+    "compiled_graphs": 0,  # AOT forward/backward/inference graphs made into programs
+    "compiled_calls": 0,  # calls of those graphs
+    "compiled_eager_calls": 0,  # calls run eagerly (a graph lazyrt cannot lower whole)
+    "pallas_attention_calls": 0,
+    "pallas_matmul_calls": 0,
+    "pallas_fallbacks": 0,
+    "lean_eqns_removed": 0,
+    "lean_fallbacks": 0,
+}
+
+COUNTERS: dict[str, float] = dict(_ZERO)
+FALLBACK_OPS: collections.Counter = collections.Counter()
+_GAUGES: dict = {}
+
+
+def register_gauge(name: str, read) -> None:
+    """``read()`` gives counter ``name``'s current value in every snapshot."""
+    _GAUGES[name] = read
+
+
+def counters() -> dict:
+    """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count)."""
+    out = dict(COUNTERS)
+    for name, read in _GAUGES.items():
+        out[name] = read()
+    out["cpu_fallback_ops"] = dict(FALLBACK_OPS)
+    return out
+
+
+def reset() -> None:
+    """Zero every counter (the compile caches are kept)."""
+    COUNTERS.update(_ZERO)
+    FALLBACK_OPS.clear()
+
+
+def report() -> str:
+    """The counters as readable text."""
+    c = counters()
+    lines = ["lazyrt metrics"]
+    width = max(len(k) for k in c)
+    for k, v in c.items():
+        if k == "cpu_fallback_ops":
+            continue
+        if isinstance(v, float):
+            lines.append(f"  {k:<{width}}  {v:.4f}")
+        else:
+            lines.append(f"  {k:<{width}}  {v}")
+    hits, misses = c["cache_hits"], c["cache_misses"]
+    if hits + misses:
+        lines.append(f"  {'cache_hit_rate':<{width}}  {hits / (hits + misses):.1%}")
+    if c["cpu_fallback_ops"]:
+        lines.append("  cpu fallbacks by op:")
+        for name, n in sorted(c["cpu_fallback_ops"].items()):
+            lines.append(f"    {name}: {n}")
+    return "\n".join(lines)

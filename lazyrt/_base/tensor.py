@@ -1,0 +1,188 @@
+"""The ``tpu`` tensor: a wrapper subclass whose value lives in a shared Storage.
+
+Aliasing is lazyrt's own (not PyTorch's functionalization, see ARCHITECTURE):
+
+* a base tensor and all its views share one ``Storage``; the storage holds the
+  base's value (a ``jax.Array`` or a ``Pending``) and a version counter;
+* a view keeps ``_chain``: the view steps (plan, output index) that derive it
+  from the base value, and a cached value tagged with the storage version;
+* an in-place op computes the new value functionally and rebinds the storage;
+  writing through a view scatters the new value into the base (one helper
+  computation), so every other alias sees it on its next read.
+
+This module knows nothing of how ops run: ``lazyrt._ops.dispatch`` installs itself as
+``TpuTensor.__torch_dispatch__`` when it is imported (``import lazyrt`` does that).
+"""
+from __future__ import annotations
+
+import torch
+
+from .device import DEVICE
+
+
+class Storage:
+    __slots__ = ("value", "version", "__weakref__")
+
+    def __init__(self, value):
+        self.value = value
+        self.version = 0
+
+
+def contiguous_strides(shape) -> tuple:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def storage_extent(shape, stride) -> int:
+    """Elements of storage a strided view spans from its offset (PyTorch's
+    ``computeStorageNbytes`` in elements: 0 for an empty view)."""
+    if 0 in shape:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def contiguous_spec(shape, dtype: torch.dtype) -> tuple:
+    """The spec (shape, strides, dtype, storage offset) of a fresh contiguous tensor."""
+    shape = tuple(shape)
+    return (shape, contiguous_strides(shape), dtype, 0)
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the ``tpu`` device. Users never build one directly."""
+
+    _st: Storage
+    _spec: tuple
+    # A base tensor keeps these class defaults (set per instance only on views): two
+    # attribute writes per op fewer on the hot path.
+    _chain: tuple | None = None
+    _cache = None
+    _cver = -1
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, spec, st, chain=None, cache=None, cver=-1):
+        shape, stride, dtype, offset = spec
+        # NOTE: storage_offset and requires_grad only when not the default: each keyword
+        # costs _make_wrapper_subclass ~0.2 us, on every op.
+        if offset:
+            r = _make_wrapper(cls, shape, strides=stride, storage_offset=offset, dtype=dtype,
+                              device=DEVICE)
+        else:
+            r = _make_wrapper(cls, shape, strides=stride, dtype=dtype, device=DEVICE)
+        r._spec = spec
+        r._st = st
+        if chain is not None:
+            r._chain = chain
+            r._cache = cache
+            r._cver = cver
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("lazyrt: the dispatcher is not installed (import lazyrt)")
+
+    # ---- host-side conveniences -------------------------------------------------
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return _repr(self)
+
+    __str__ = __repr__
+
+    def __format__(self, spec):
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        if force:
+            return self.detach().cpu().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        else:
+            new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto):
+        # torch.save: PyTorch's own rebuild for storage-less device tensors (as XLA's),
+        # allowed by torch.load(weights_only=True): a CPU copy plus the device.
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # AOTAutograd (torch.compile) checks each runtime tangent against the plain tensor
+        # it traced with; a tpu tensor is one.
+        return self
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, other):
+        if not isinstance(other, TpuTensor):
+            raise RuntimeError(
+                f"data set to a tensor that requires gradients must be a tpu tensor; "
+                f"got a tensor on {other.device}")
+        self._rebind(other)
+
+    def _rebind(self, other: TpuTensor) -> None:
+        """Make this same Python object alias ``other`` (sizes, strides, storage, view)."""
+        torch._C.TensorBase.data.__set__(self, other)
+        self._spec = other._spec
+        self._st = other._st
+        self._chain = other._chain
+        self._cache = other._cache
+        self._cver = other._cver
+
+
+def _repr(t: TpuTensor) -> str:
+    """PyTorch's tensor printing of a CPU copy, with the tpu device and grad suffixes."""
+    from torch import _tensor_str as ts
+
+    prefix = "tensor("
+    indent = len(prefix)
+    suffixes = [f"device='{t.device}'"]
+    with torch.no_grad():
+        c = t.detach().cpu()
+    if c.numel() == 0:
+        if c.dim() != 1:
+            suffixes.append("size=" + str(tuple(c.shape)))
+        body = "[]"
+    else:
+        body = ts._tensor_str(c, indent)
+    default_complex = torch.cdouble if torch.get_default_dtype() == torch.double else torch.cfloat
+    if t.dtype not in (torch.get_default_dtype(), default_complex, torch.int64, torch.bool):
+        suffixes.append("dtype=" + str(t.dtype))
+    if t.grad_fn is not None:
+        name = type(t.grad_fn).__name__
+        if name == "CppFunction":
+            name = t.grad_fn.name().rsplit("::", 1)[-1]
+        suffixes.append(f"grad_fn=<{name}>")
+    elif t.requires_grad:
+        suffixes.append("requires_grad=True")
+    return ts._add_suffixes(prefix + body, suffixes, indent, force_newline=False)

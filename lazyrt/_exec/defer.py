@@ -1,0 +1,485 @@
+"""DeferAndFuse: record Progs into a pending trace; flush it as ONE computation.
+
+Recording appends a node and folds its structural key (prog uid, input wiring,
+leaf avals) into a running hash, so finding a flush's executable costs O(1) per op
+and never looks at data. Device-data leaves are keyed by shape and dtype only;
+Python float scalars and RNG seeds are runtime inputs (one float64 vector), so
+a changing learning rate or a fresh random draw compiles nothing new. A cache hit
+is then checked against the trace itself (the same progs, input wiring and leaf
+avals), so two traces whose hashes collide never share an executable.
+
+Runtime scalars enter the program once per distinct value: a for-loop AdamW step over
+200 parameters records 1,400 scalars holding 7 values, and its program reads 7
+(``_exes.scalar_layout``; a slice of the scalar vector per use made XLA compile 1,400
+different kernels, 14 s instead of 1). Which positions share a value is part of what an
+executable was compiled for, so a hit is also checked against the current scalars
+(``_exes.Exe.fits``: positions that shared a value at compile time still do, bit for bit,
+so ``-0.0`` is not ``0.0``); if not, another executable is compiled. The program is
+simplified before XLA sees it (``_lean``).
+
+At a flush every storage still holding a pending value of the trace (a live
+tensor) becomes an output; nothing else is materialized. A leaf whose storage
+was overwritten in the trace and that nobody else references is donated.
+
+Segments: with ``LAZYRT_FUSION_WINDOW=N`` a trace is flushed each time it holds N ops
+(``_cut``), counted from its start at a sync point, so a step is cut at the same places
+every time. The flush dispatches asynchronously: the device runs a segment while the
+host records the next. A compiled graph whose flushes kept compiling (the eager code
+around it changes shape every call) gets a flush of its own (``isolated``).
+
+Threads: there is one pending trace per process, guarded by ``LOCK``. The
+dispatcher holds it for the whole of every op in defer mode (recording, storage
+registration, write-back) and a flush holds it from start to end, so an op is
+never split by another thread's flush. ``record`` and ``note_storage`` expect the
+caller to hold it.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+import weakref
+
+import jax
+import numpy as np
+
+from .._base import memory
+from .._base import source as _source
+from .._base.config import config
+from .._base.ir import Pending, Prog
+from .._base.metrics import COUNTERS, register_gauge
+from . import exes as _exes
+from . import lean as _lean
+from . import xla as _xla
+from .trace import _MASK, _SHIFT, Trace, explain, graph_text  # noqa: F401  (re-exported)
+
+LOCK = threading.RLock()
+_X64 = jax.enable_x64
+
+
+_trace = Trace()
+# lazyrt.distributed: a hook asked at each flush for an SPMD compile of traces holding
+# fused collectives (None, or an object whose compile_program(fn, args, donate_argnums)
+# returns what _xla.compile_program does).
+spmd_runner = None
+# lazyrt.distributed sets this once a Mesh exists: leaves are keyed on their sharding too.
+KEY_SHARDING = False
+_history = {"flushes": 0, "compiles": 0}
+
+
+def current() -> Trace:
+    return _trace
+
+
+def pending_count() -> int:
+    return len(_trace.nodes)
+
+
+register_gauge("pending_ops", pending_count)
+
+
+_TLS = threading.local()
+
+
+def set_eager_consts(on: bool) -> None:
+    """While on (in this thread), an op whose outputs read no input's value (``zeros_like``,
+    ``full``: ``Prog.const``) runs at once instead of being recorded (``eager_const``): an
+    optimizer's first step makes its state this way, so the state enters that step's
+    program as inputs, exactly as on every later step, and the two programs are one."""
+    _TLS.eager_consts = on
+
+
+def eager_const(inputs: list) -> bool:
+    """Whether a const prog on ``inputs`` runs now (see ``set_eager_consts``)."""
+    return getattr(_TLS, "eager_consts", False) and not any(type(v) is Pending for v in inputs)
+
+
+def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
+    """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
+    The caller holds ``LOCK``."""
+    tr = _trace
+    n = len(tr.nodes)
+    # NOTE: both cuts are made before recording, while this op's inputs are still held
+    # by the caller, so they are live outputs of the flush.
+    if n >= config.max_pending_ops:
+        flush(reason="pending-op budget (LAZYRT_MAX_PENDING_OPS)")
+        tr = _trace
+    elif config.fusion_window and n >= config.fusion_window and tr.cuttable:
+        _cut(tr)
+        tr = _trace
+    refs = []
+    h = tr.h
+    for v in inputs:
+        if type(v) is Pending:
+            if v.trace is tr:
+                refs.append((v.node << _SHIFT) | v.idx)
+                continue
+            if v.result is None:
+                # A value of an earlier trace whose flush failed: retry that flush
+                # (it raises again unless the cause was fixed).
+                retry(v)
+            v = v.result
+        k = id(v)
+        li = tr.leaf_index.get(k)
+        if li is None:
+            li = len(tr.leaves)
+            tr.leaf_index[k] = li
+            tr.leaves.append(v)
+            aval = (v.shape, v.dtype, v.sharding) if KEY_SHARDING else (v.shape, v.dtype)
+            tr.leaf_avals.append(aval)
+            h = hash((h, -1, aval))
+        refs.append(-li - 1)
+    refs = tuple(refs)
+    n = len(tr.nodes)
+    tr.nodes.append(prog)
+    tr.refs.append(refs)
+    tr.prev_h = h
+    tr.h = hash((h, prog.uid, refs))
+    if scalars:
+        tr.scalars.extend(scalars)
+    if config.record_source or config.explain_recompile:
+        tr.srcs.append(_source.user_line(3))
+    COUNTERS["ops_recorded"] += 1
+    avals = prog.out_avals
+    if len(avals) == 1:
+        return [Pending(tr, n, 0, avals[0])]
+    return [Pending(tr, n, i, av) for i, av in enumerate(avals)]
+
+
+def forget_last(p: Pending) -> None:
+    """Unrecord the trace's last node if it made ``p`` from nothing (a factory with no
+    inputs and no scalars: the ``empty`` behind ``x.to("tpu")``) and nothing holds ``p``
+    any more (its storage was just given the transferred value). The caller holds
+    ``LOCK``."""
+    tr = _trace
+    n = len(tr.nodes) - 1
+    if (p.trace is not tr or p.node != n or tr.prev_h is None or tr.refs[n]
+            or not tr.nodes[n].const or tr.nodes[n].scalar_kinds
+            or sys.getrefcount(p) > 3):  # the caller's name, the argument, getrefcount's
+        return
+    tr.nodes.pop()
+    tr.refs.pop()
+    if len(tr.srcs) > n:
+        tr.srcs.pop()
+    tr.h = tr.prev_h
+    tr.prev_h = None  # one step back only: the hash before this node is not kept
+    COUNTERS["ops_recorded"] -= 1
+
+
+def _cut(tr: Trace) -> None:
+    """Launch the segment recorded so far (``LAZYRT_FUSION_WINDOW``): a flush whose
+    execution is dispatched asynchronously, so recording goes on while it runs. Segments
+    count their ops from the trace's start, which is a sync point (``loss.item()``, the
+    end of ``optimizer.step``), so each step is cut at the same places and every segment
+    hits the cache. If the segment fails to compile or run, nothing is cut: recording goes
+    on in the same trace, and the error is raised where it would have been without a
+    window, at the sync point that flushes the whole trace."""
+    try:
+        flush(reason="fusion window (LAZYRT_FUSION_WINDOW)", trace=tr, keep_on_error=True)
+    except Exception:
+        tr.cuttable = False
+        COUNTERS["window_cut_failures"] += 1
+    else:
+        COUNTERS["window_flushes"] += 1
+
+
+def note_storage(st, old) -> None:
+    """``st`` now holds a pending value (of the current trace); ``old`` was its previous
+    value. The caller holds ``LOCK``, so no flush ran since the value was recorded."""
+    tr = st.value.trace
+    if tr.done:
+        raise RuntimeError("lazyrt: internal error: a storage got a pending value of a trace "
+                           "that was already flushed")
+    # NOTE: weakref.ref(st) hands back st's existing ref when it has one; a dead storage
+    # whose id was reused is simply replaced.
+    tr.storages[id(st)] = weakref.ref(st)
+    if old is not None and type(old) is not Pending:
+        tr.overwritten.add(id(old))
+
+
+def _live_outputs(tr: Trace):
+    """(storage, output index) of every live storage holding a pending value of ``tr``,
+    and the sorted output refs (the order is part of the cache key: never set order)."""
+    found = []
+    for ref in tr.storages.values():
+        st = ref()
+        if st is None:
+            continue
+        v = st.value
+        if type(v) is Pending and v.trace is tr:
+            found.append(((v.node << _SHIFT) | v.idx, st))
+    refs = sorted({r for r, _ in found})
+    pos = {r: i for i, r in enumerate(refs)}
+    return [(st, pos[r]) for r, st in found], tuple(refs)
+
+
+def live_output_values(tr: Trace) -> list[Pending]:
+    """The pending values a flush of ``tr`` would materialize."""
+    return [st.value for st, _ in _live_outputs(tr)[0]]
+
+
+def _needed(tr: Trace, out_refs) -> list:
+    need = [False] * len(tr.nodes)
+    for r in out_refs:
+        need[r >> _SHIFT] = True
+    for n in range(len(tr.nodes) - 1, -1, -1):
+        if need[n]:
+            for r in tr.refs[n]:
+                if r >= 0:
+                    need[r >> _SHIFT] = True
+    return need
+
+
+def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
+    """The flush's program: ``fn(donated, kept, scal)``, ``scal`` the weak-typed float64
+    vector of the scalars' slots (``slots[i]``: scalar ``i``'s slot; None: slot ``i``)."""
+    nodes = list(tr.nodes)
+    refs = list(tr.refs)
+    need = _needed(tr, out_refs)
+    n_leaves = len(tr.leaves)
+    # Scalar slots per node.
+    node_slots, o = [], 0
+    for p in nodes:
+        k = len(p.scalar_kinds)
+        node_slots.append(tuple(range(o, o + k)) if slots is None
+                          else tuple(int(x) for x in slots[o:o + k]))
+        o += k
+    donated_pos = [i for i in range(n_leaves) if donate_mask[i]]
+    kept_pos = [i for i in range(n_leaves) if not donate_mask[i]]
+
+    def fn(donated, kept, scal):
+        leaves = [None] * n_leaves
+        for i, a in zip(donated_pos, donated):
+            leaves[i] = a
+        for i, a in zip(kept_pos, kept):
+            leaves[i] = a
+        # NOTE: each slot is read once (and converted to an RNG seed once). ``scal`` is
+        # weak-typed, as a Python float is in PyTorch: f32 * lr stays f32.
+        taken: dict = {}
+        vals = [None] * len(nodes)
+        for n, p in enumerate(nodes):
+            if not need[n]:
+                continue
+            ins = [leaves[-r - 1] if r < 0 else vals[r >> _SHIFT][r & _MASK] for r in refs[n]]
+            sk = p.scalar_kinds
+            if sk:
+                for slot, kind in zip(node_slots[n], sk):
+                    s = taken.get((slot, kind))
+                    if s is None:
+                        s = scal[slot]
+                        if kind == "i":
+                            s = s.astype(np.int64)
+                        taken[(slot, kind)] = s
+                    ins.append(s)
+            vals[n] = p.fn(*ins)
+        return [vals[r >> _SHIFT][r & _MASK] for r in out_refs]
+
+    return fn
+
+
+# A compiled graph whose flushes compiled this many times runs in a flush of its own
+# from then on (``isolated``). NOTE: not 2: the first two training steps of a compiled
+# gpt2 or lstm compile two different traces (the second step's differs from the first's),
+# and with 2 their graphs were isolated from step 3 on, 4 flushes a step instead of one
+# (tests/test_compile_models.py).
+GRAPH_ISOLATE_MISSES = 3
+
+
+def _count_graph_misses(tr: Trace) -> None:
+    seen = set()
+    for p in tr.nodes:
+        if p.graph and p.uid not in seen:
+            seen.add(p.uid)
+            p.flush_misses += 1
+
+
+def isolated(prog: Prog) -> bool:
+    """Whether the compiled graph ``prog`` gets a flush of its own: the traces that held it
+    kept compiling, because the eager code around it changes shape from call to call
+    (``generate()``'s growing ``input_ids``; a training step, whose trace is the same
+    every step, never is). Alone, the graph's program is a cache hit at every call, and
+    only the small programs of the code around it compile."""
+    return prog.flush_misses >= GRAPH_ISOLATE_MISSES
+
+
+def _scalar_struct(n: int):
+    return jax.ShapeDtypeStruct((n,), np.float64, weak_type=True)
+
+
+def _explain(tr: Trace, src: str) -> None:
+    if not _exes.count() or _history["compiles"] < 2:
+        return
+    cached = _exes.recent(32)
+    print(explain(tr, src, cached), file=sys.stderr)
+
+
+def _hash_hex(key) -> str:
+    return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------
+# flush
+# ---------------------------------------------------------------------------
+
+
+def retry(p: Pending) -> None:
+    """Materialize ``p`` of an earlier trace whose flush failed, by flushing it again."""
+    if p.result is not None:
+        return
+    if p.trace.done:
+        raise RuntimeError("lazyrt: internal error: a pending value of a finished trace was "
+                           "never materialized")
+    flush(reason="retry", trace=p.trace)
+    if p.result is None:
+        raise RuntimeError("lazyrt: a pending value was dead when its trace was flushed")
+
+
+def materialize(p: Pending):
+    """``p``'s array, flushing its trace if it has not run yet."""
+    if p.result is None:
+        with LOCK:
+            if p.result is None:
+                if p.trace.done:
+                    raise RuntimeError("lazyrt: internal error: dead pending value")
+                flush(reason="materialize", trace=p.trace)
+                if p.result is None:
+                    raise RuntimeError("lazyrt: internal error: pending value not materialized "
+                                       "by flush")
+    return p.result
+
+
+def _donation_mask(tr: Trace) -> tuple:
+    # NOTE: donate a leaf only if its storage was overwritten in this trace and nothing
+    # but the trace still references the array (refcount: the leaves list, the loop
+    # variable and getrefcount's argument).
+    ow = tr.overwritten
+    return tuple(id(a) in ow and sys.getrefcount(a) <= 3 for a in tr.leaves)
+
+
+def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool = False) -> None:
+    """Run the pending trace as one computation and materialize its live outputs.
+
+    If compiling or running it fails, the error names its ops and source lines; its
+    tensors stay pending on that trace (a later read retries it) and a fresh trace
+    takes new ops, so one bad op does not poison unrelated work (``keep_on_error``: the
+    failed trace stays the current one and takes new ops too).
+    """
+    global _trace
+    with LOCK:
+        tr = _trace if trace is None else trace
+        if not tr.nodes or tr.done:
+            return
+        t_start = time.perf_counter()
+        src = _source.user_line(2)
+        runner = spmd_runner(tr, reason) if spmd_runner is not None else None
+        outs, out_refs = _live_outputs(tr)
+        leaves = tr.leaves
+        donate_mask = _donation_mask(tr)
+        key = (tr.h, len(tr.nodes), out_refs, donate_mask)
+        scal = np.asarray(tr.scalars, dtype=np.float64)
+        exe = _exes.lookup(key, tr, scal)
+        hit = exe is not None
+        donated = [a for a, d in zip(leaves, donate_mask) if d]
+        kept = [a for a, d in zip(leaves, donate_mask) if not d]
+        compile_s = 0.0
+        try:
+            if exe is None:
+                _count_graph_misses(tr)
+                if config.explain_recompile:
+                    _explain(tr, src)
+                first, slots = _exes.scalar_layout(scal)
+                fn = _build_fn(tr, out_refs, donate_mask, slots)
+                n_slots = len(scal) if first is None else len(first)
+                args = (donated, kept, _scalar_struct(n_slots))
+                if runner is None:
+                    compiled, mem, compile_s = _xla.compile_program(
+                        fn, args, donate_argnums=(0,), lean=True)
+                else:
+                    compiled, mem, compile_s = runner.compile_program(fn, args, donate_argnums=(0,))
+                out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
+                exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots)
+                _exes.insert(key, exe)
+                _history["compiles"] += 1
+            else:
+                exe.hits += 1
+                COUNTERS["cache_hits"] += 1
+            live_before = memory._state["live"]
+            passed = memory.bytes_of(leaves)
+            t0 = time.perf_counter()
+            # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
+            # there), never at a call: no warning filter here (~0.2 ms a flush).
+            with _X64(True):
+                results = exe.compiled(donated, kept, exe.scalar_input(scal))
+            exec_s = time.perf_counter() - t0
+            if donated:
+                memory.untrack(donated)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            if tr is _trace and not keep_on_error:
+                _trace = Trace()
+            ops = ", ".join(sorted({p.name for p in tr.nodes}))
+            where = ""
+            if tr.srcs:
+                where = "\n  recorded at: " + "\n  ".join(sorted(set(tr.srcs))[:10])
+            raise RuntimeError(
+                f"lazyrt: flushing the pending trace ({len(tr.nodes)} ops: {ops}) failed at "
+                f"{src}: {type(e).__name__}: {e}{where}\nThe pending tensors are intact."
+            ) from e
+        # Materialize: from here on nothing may fail.
+        track = memory.track
+        for r, nb in zip(results, exe.out_nbytes):
+            track(r, nb)
+        del donated, kept
+        if tr is _trace:
+            _trace = Trace()
+        tr.done = True
+        for st, k in outs:
+            res = results[k]
+            st.value.result = res
+            st.value = res
+        n_ops = len(tr.nodes)
+        COUNTERS["flushes"] += 1
+        COUNTERS["executions"] += 1
+        COUNTERS["execute_seconds"] += exec_s
+        if n_ops > COUNTERS["max_trace_ops"]:
+            COUNTERS["max_trace_ops"] = n_ops
+        _history["flushes"] += 1
+        memory.record_execution(
+            mode="defer", name=reason, trace_hash=_hash_hex(key), num_ops=n_ops, cache_hit=hit,
+            compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
+            live_before=live_before, passed_bytes=passed, source=src,
+            largest=[dict(d) for d in exe.largest],
+            t_start=t_start)
+        if config.mode == "debug":
+            for r in results:
+                r.block_until_ready()
+
+
+def needed_for(tr: Trace, pendings) -> list:
+    refs = [(p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr]
+    return _needed(tr, refs)
+
+
+def hlo_text(tr: Trace, pendings) -> str:
+    refs = tuple((p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr)
+    if not refs:
+        return ""
+    mask = tuple(False for _ in tr.leaves)
+    scal = np.asarray(tr.scalars, dtype=np.float64)
+    first, slots = _exes.scalar_layout(scal)
+    fn = _build_fn(tr, refs, mask, slots)
+    n_slots = len(scal) if first is None else len(first)
+    with _X64(True):
+        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), _scalar_struct(n_slots)))
+    return lowered.as_text()
+
+
+def cache_info() -> dict:
+    return {**_exes.cache_info(), "compiles": _history["compiles"],
+            "flushes": _history["flushes"]}
+
+
+def clear_cache() -> None:
+    _exes.clear()

@@ -1,0 +1,117 @@
+"""The cache of compiled defer flushes: an LRU of executables keyed by a trace's structural
+hash, each checked against the trace itself before it runs (``Exe.matches``) and against
+the scalar layout it was compiled for (``Exe.fits``)."""
+from __future__ import annotations
+
+import numpy as np
+from cachetools import LRUCache
+
+from .._base.config import config
+from .._base.ir import aval_nbytes
+from .._base.metrics import COUNTERS
+from .trace import Trace, describe
+
+_cache: LRUCache = LRUCache(maxsize=config.cache_size)
+
+
+class Exe:
+    """A compiled flush, with the trace structure it was compiled for."""
+
+    __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
+                 "refs", "leaf_avals", "sc_first", "sc_slots")
+
+    def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None):
+        self.compiled = compiled
+        # the scalar layout compiled for (``scalar_layout``; None: one slot per scalar)
+        self.sc_first = sc_first
+        self.sc_slots = sc_slots
+        self.mem = mem
+        self.desc = describe(tr)
+        self.src = src
+        self.hits = 0
+        self.nodes = list(tr.nodes)
+        self.refs = list(tr.refs)
+        self.leaf_avals = list(tr.leaf_avals)
+        # Per-output bytes and the five largest outputs: the same on every run, so worked
+        # out once here rather than from the result arrays on each flush.
+        sizes = [(aval_nbytes(s, d), tuple(s), str(np.dtype(d))) for s, d in out_avals]
+        self.out_nbytes = tuple(b for b, _, _ in sizes)
+        self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
+                        for b, s, d in sorted(sizes, reverse=True)[:5]]
+
+    def matches(self, tr: Trace) -> bool:
+        """Whether this executable computes ``tr``: the same progs (by identity), the
+        same input wiring and the same leaf avals. (Live outputs and donation are in the
+        cache key itself.) C-level list compares: microseconds for a 1,000-op trace."""
+        return (self.nodes == tr.nodes and self.refs == tr.refs
+                and self.leaf_avals == tr.leaf_avals)
+
+    def fits(self, scal: np.ndarray) -> bool:
+        """Whether the scalars that shared a slot at compile time still hold one value."""
+        slots = self.sc_slots
+        if slots is None:
+            return True
+        return np.array_equal(scal[self.sc_first][slots].view(np.int64), scal.view(np.int64))
+
+    def scalar_input(self, scal: np.ndarray) -> np.ndarray:
+        """The program's scalar vector: one value per slot."""
+        return scal if self.sc_first is None else scal[self.sc_first]
+
+
+def scalar_layout(scal: np.ndarray):
+    """``(first, slots)``: where each distinct value (bit for bit) is first used, in order
+    of first use, and each scalar's slot in that list; ``(None, None)`` if all differ."""
+    n = len(scal)
+    if n < 2:
+        return None, None
+    u, first, inv = np.unique(scal.view(np.int64), return_index=True, return_inverse=True)
+    if len(u) == n:
+        return None, None
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(u), dtype=np.intp)
+    rank[order] = np.arange(len(u))
+    return first[order], rank[inv.reshape(-1)]
+
+
+def lookup(key, tr: Trace, scal: np.ndarray) -> Exe | None:
+    bucket = _cache.get(key)
+    if bucket is None:
+        return None
+    found = False
+    for exe in bucket:
+        if exe.matches(tr):
+            found = True
+            if exe.fits(scal):
+                return exe
+    if not found:
+        COUNTERS["hash_collisions"] += 1
+    return None
+
+
+def insert(key, exe: Exe) -> None:
+    bucket = _cache.get(key)
+    if bucket is None:
+        _cache[key] = [exe]
+    else:
+        bucket.append(exe)
+
+
+def count() -> int:
+    return sum(len(b) for b in _cache.values())
+
+
+def recent(n: int) -> list:
+    """The executables of the ``n`` most recently inserted keys."""
+    return [exe for bucket in list(_cache.values())[-n:] for exe in bucket]
+
+
+def all_exes() -> list:
+    return [exe for bucket in _cache.values() for exe in bucket]
+
+
+def cache_info() -> dict:
+    return {"entries": count(), "maxsize": _cache.maxsize}
+
+
+def clear() -> None:
+    _cache.clear()

@@ -1,0 +1,110 @@
+"""The pending trace: what defer mode records, and its text (``lazyrt.graph``,
+``LAZYRT_EXPLAIN_RECOMPILE``).
+
+A trace is a list of nodes (a Prog each) with their input refs: ``-(leaf + 1)`` for a
+materialized input (a leaf), ``(node << _SHIFT) | output`` for a pending one.
+"""
+from __future__ import annotations
+
+import difflib
+
+from .._base.ir import Prog
+
+_SHIFT = 20
+_MASK = (1 << _SHIFT) - 1
+
+
+class Trace:
+    __slots__ = ("nodes", "refs", "h", "leaves", "leaf_index", "leaf_avals", "scalars",
+                 "storages", "overwritten", "done", "srcs", "cuttable", "prev_h", "__weakref__")
+
+    def __init__(self):
+        self.nodes: list[Prog] = []  # Prog per node
+        self.refs: list[tuple] = []  # input refs per node (tuple of ints)
+        self.h = 0  # running structural hash
+        self.prev_h = None  # the hash before the last node (``_defer.forget_last``)
+        self.leaves: list = []  # materialized inputs (jax arrays)
+        self.leaf_index: dict = {}  # id(array) -> leaf number
+        self.leaf_avals: list = []  # (shape, dtype) per leaf: part of the verified key
+        self.scalars: list = []  # runtime scalars, flat
+        # id(storage) -> weak ref, for each storage that got a pending value of this trace
+        self.storages: dict = {}
+        self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
+        self.done = False
+        self.srcs: list = []  # user source line per node (when recorded)
+        self.cuttable = True  # False once a fusion-window cut of it failed
+
+
+def _ref_text(tr: Trace, r: int) -> str:
+    if r < 0:
+        return f"in{-r - 1}"
+    n = r >> _SHIFT
+    return f"%{n}" if len(tr.nodes[n].out_avals) == 1 else f"%{n}.{r & _MASK}"
+
+
+def _leaf_text(tr: Trace, i: int) -> str:
+    shape, dtype = tr.leaf_avals[i]
+    return f"in{i}: {tuple(shape)} {dtype}"
+
+
+def node_text(tr: Trace, n: int, with_leaves: bool = False) -> str:
+    """One node as ``cosh[desc](in0, %3)``; ``with_leaves`` spells leaves out with their
+    avals (explain-recompile compares nodes of different traces, whose leaves differ)."""
+    p = tr.nodes[n]
+    ins = ", ".join(f"in{-r - 1}:{tuple(tr.leaf_avals[-r - 1][0])}:{tr.leaf_avals[-r - 1][1]}"
+                    if r < 0 and with_leaves else _ref_text(tr, r) for r in tr.refs[n])
+    static = f"[{p.desc}]" if p.desc else ""
+    return f"{p.name}{static}({ins})"
+
+
+def describe(tr: Trace) -> list[str]:
+    return [node_text(tr, n, with_leaves=True) for n in range(len(tr.nodes))]
+
+
+def graph_text(tr: Trace, only=None) -> str:
+    lines = [f"lazyrt pending trace: {len(tr.nodes)} ops, {len(tr.leaves)} inputs"]
+    lines += [f"  {_leaf_text(tr, i)}" for i in range(len(tr.leaves))]
+    for n, p in enumerate(tr.nodes):
+        if only is not None and not only[n]:
+            continue
+        outs = ", ".join(f"{tuple(s)} {d}" for s, d in p.out_avals)
+        src = f"  # {tr.srcs[n]}" if n < len(tr.srcs) else ""
+        lines.append(f"  %{n} = {node_text(tr, n)} -> {outs}{src}")
+    return "\n".join(lines)
+
+
+def explain(tr: Trace, src: str, cached) -> str:
+    """Why ``tr`` recompiles: how it differs from the closest of the ``cached``
+    executables (each with ``desc``, the ``describe`` of its trace, and ``src``)."""
+    desc = describe(tr)
+    best, best_ratio = None, -1.0
+    for exe in cached:
+        r = difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio()
+        if r > best_ratio:
+            best, best_ratio = exe, r
+    lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush triggered at {src})"]
+    if best is None:
+        lines.append("  no cached trace to compare with")
+    else:
+        lines.append(f"  closest cached trace: {len(best.desc)} ops, {best_ratio:.0%} similar "
+                     f"(compiled for the flush at {best.src})")
+        sm = difflib.SequenceMatcher(a=best.desc, b=desc, autojunk=False)
+        shown = 0
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag == "equal":
+                continue
+            for k in range(max(i2 - i1, j2 - j1)):
+                old = best.desc[i1 + k] if i1 + k < i2 else "-"
+                new = desc[j1 + k] if j1 + k < j2 else "-"
+                where = tr.srcs[j1 + k] if j1 + k < j2 and j1 + k < len(tr.srcs) else ""
+                lines.append(f"  op {j1 + k}: was {old}\n          now {new}"
+                             + (f"  ({where})" if where else ""))
+                shown += 1
+                if shown >= 8:
+                    break
+            if shown >= 8:
+                lines.append("  ...")
+                break
+        if shown == 0:
+            lines.append("  same ops; the set of live outputs or donated inputs differs")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""ATen arguments, three ways: the per-call walk (values + cache key), the plan's template
+(what the lowering gets back at trace time), and meta tensors (for PyTorch's meta kernels).
+
+The walk is the hot path of every op: it appends each tensor input's value to ``vals``
+and each runtime float to ``scal`` and returns the hashable key of the rest. A view input
+is keyed by its chain and passes its *base* value: the op applies the view steps itself
+(XLA fuses them), so views are never materialized on their own.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._base.tensor import TpuTensor, storage_extent
+from .._exec.values import host_to_device
+from .._exec.views import apply_chain, chain_text
+
+_META = torch.device("meta")
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+TSLOT = _Marker("<tensor>")  # template: a tensor input
+FSLOT = _Marker("<float>")  # template: a runtime float
+GSLOT = _Marker("<rng>")  # template: the PRNG key (from a runtime seed)
+_B1 = _Marker("True")
+_B0 = _Marker("False")
+_FLOAT = float  # key marker of a runtime float
+
+# Ops that take CPU tensors of any rank (everything else: 0-d CPU tensors only).
+_ALLOW_CPU = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "_to_copy"}
+
+
+class TracingArgument(Exception):
+    """A tracing tensor (fake or functional: ``torch.compile`` is tracing) met a real tpu
+    tensor in one op; the dispatcher reruns the op for the tracer (``_dispatch``)."""
+
+
+_TRACING_TYPES = ("FakeTensor", "FunctionalTensor")
+
+
+def _cpu_input(entry, t: torch.Tensor, vals: list):
+    if type(t).__name__ in _TRACING_TYPES:
+        raise TracingArgument()
+    if t.dim() != 0 and entry.packet not in _ALLOW_CPU:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"tpu:0 and {t.device}! (when checking argument for {entry.name})")
+    if t.device.type == "meta":
+        raise NotImplementedError(f"lazyrt: {entry.name} got a meta tensor")
+    vals.append(host_to_device(t))
+    return ("cpu", tuple(t.shape), t.dtype)
+
+
+def walk(entry, a, vals: list, scal: list, dyn: bool):
+    """The cache-key part of argument ``a``; collects its values into ``vals`` and (when
+    ``dyn``: floats are runtime inputs) its floats into ``scal``."""
+    tp = type(a)
+    if tp is TpuTensor:
+        vals.append(a._st.value)
+        ch = a._chain
+        if ch is None:
+            return a._spec
+        return (a._spec, ch)
+    if tp is float:
+        if dyn:
+            scal.append(a)
+            return _FLOAT
+        return (float, a)
+    if tp is bool:
+        return _B1 if a else _B0
+    if tp is list or tp is tuple:
+        return tuple([walk(entry, x, vals, scal, dyn) for x in a])
+    if isinstance(a, torch.Tensor):
+        return _cpu_input(entry, a, vals)
+    if isinstance(a, torch.Generator):
+        return None
+    return a
+
+
+class ViewSlot:
+    """Template: a tensor input that is a view, folded into the consuming op."""
+
+    __slots__ = ("chain",)
+
+    def __init__(self, chain):
+        self.chain = chain
+
+    def __repr__(self):
+        return f"<view {chain_text(self.chain)}>"
+
+
+def template(a, dyn: bool, fold: bool = True):
+    """The plan's picture of argument ``a``: slots where runtime values go back in."""
+    if isinstance(a, torch.Tensor):
+        if fold and type(a) is TpuTensor and a._chain is not None:
+            return ViewSlot(a._chain)
+        return TSLOT
+    if type(a) is float and dyn:
+        return FSLOT
+    if type(a) is list:
+        return [template(x, dyn, fold) for x in a]
+    if type(a) is tuple:
+        return tuple(template(x, dyn, fold) for x in a)
+    if isinstance(a, torch.Generator):
+        return None
+    return a
+
+
+def rebuild(tpl, it_arr, it_sc):
+    """Arguments for the lowering: ``tpl`` with its slots filled from the iterators."""
+    if tpl is TSLOT:
+        return next(it_arr)
+    if tpl is FSLOT:
+        return next(it_sc)
+    if type(tpl) is ViewSlot:
+        return apply_chain(tpl.chain, next(it_arr))
+    if type(tpl) is list:
+        return [rebuild(x, it_arr, it_sc) for x in tpl]
+    if type(tpl) is tuple:
+        return tuple(rebuild(x, it_arr, it_sc) for x in tpl)
+    return tpl
+
+
+def static_desc(tpl_args, tpl_kwargs) -> str:
+    """The static arguments of a plan, short (trace text, error messages)."""
+    parts = []
+    for a in tpl_args:
+        if a is TSLOT or (isinstance(a, list) and a and all(x is TSLOT for x in a)):
+            continue
+        parts.append(_short(a))
+    for k, v in tpl_kwargs.items():
+        if v is None or v is GSLOT:
+            continue
+        parts.append(f"{k}={_short(v)}")
+    return ", ".join(parts)
+
+
+def _short(a) -> str:
+    s = repr(a)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def to_meta(a):
+    """``a`` with every tensor replaced by a meta tensor of the same spec."""
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, TpuTensor):
+            shape, stride, dtype, off = a._spec
+        else:
+            shape, stride, dtype, off = tuple(a.shape), tuple(a.stride()), a.dtype, 0
+            if a.dim() == 0:
+                return torch.empty((), dtype=dtype, device=_META)
+        if off == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
+        base = torch.empty(off + storage_extent(shape, stride), dtype=dtype, device=_META)
+        return base.as_strided(shape, stride, off)
+    if type(a) is list:
+        return [to_meta(x) for x in a]
+    if type(a) is tuple:
+        return tuple(to_meta(x) for x in a)
+    if isinstance(a, torch.device) and a.type == "tpu":
+        return _META
+    if isinstance(a, torch.Generator):
+        return None
+    return a
+
+
+def spec_of_meta(m: torch.Tensor) -> tuple:
+    return (tuple(m.shape), tuple(m.stride()), m.dtype, m.storage_offset())
+
+
+def arg(args, kwargs, name: str, pos: int):
+    """The argument at schema position ``pos`` / keyword ``name``."""
+    return args[pos] if pos < len(args) else kwargs.get(name)

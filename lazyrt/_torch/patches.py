@@ -1,0 +1,375 @@
+"""Every change lazyrt makes to PyTorch's own Python objects, in one place.
+
+Checked against torch 2.13.0 (the pinned release). Each patch says what it changes,
+why lazyrt needs it, and what to look at when torch moves. ``tests/test_structure.py``
+fails loudly if a patched attribute disappears. (Kernels registered through the public
+``torch.library`` API are not patches: see ``_registration``.)
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .._base.tensor import TpuTensor
+from .._ops import backward_hold as _backward_hold
+from .._ops import control as _control
+
+_installed = []
+
+
+def _backward_error_hold() -> None:
+    """``torch.autograd.graph._engine_run_backward`` (and its re-export in
+    ``torch.autograd``): torch 2.13 aborts the process when a Python exception leaves a
+    PrivateUse1 kernel called from a C++ autograd node, so lazyrt holds such errors and
+    raises them when the engine returns (``_backward_hold``)."""
+    import torch.autograd
+    import torch.autograd.graph
+
+    wrapped = _backward_hold.run_backward(torch.autograd.graph._engine_run_backward)
+    torch.autograd.graph._engine_run_backward = wrapped
+    torch.autograd._engine_run_backward = wrapped
+
+
+def _fast_dispatch_rule_lookup() -> None:
+    """``torch._library.simple_registry.find_torch_dispatch_rule``: PyTorch asks it for a
+    torch_dispatch rule on every op of a tensor subclass (~3 us per op); lazyrt registers
+    none for TpuTensor, so answer None at once for it."""
+    import torch._library.simple_registry as sr
+
+    orig = sr.find_torch_dispatch_rule
+
+    def find_torch_dispatch_rule(op, torch_dispatch_class):
+        if torch_dispatch_class is TpuTensor:
+            return None
+        return orig(op, torch_dispatch_class)
+
+    sr.find_torch_dispatch_rule = find_torch_dispatch_rule
+
+
+def _tpu_generators() -> None:
+    """``torch.Generator``: ``torch.Generator(device="tpu")`` must give a tpu generator,
+    and PyTorch makes device generators only through C++ hooks a Python backend cannot
+    fill (``getNewGenerator``). The name now refers to a subclass whose constructor makes
+    ``_rng.Generator`` for tpu and PyTorch's own generator otherwise; ``isinstance`` and
+    ``issubclass`` against it answer as for ``torch._C.Generator``."""
+    from .._base import rng as _rng
+
+    base = torch._C.Generator
+    if torch.Generator is not base:
+        return
+
+    class _Meta(type(base)):
+        def __call__(cls, device=None):
+            if device is not None and torch.device(device).type == "tpu":
+                return _rng.Generator()
+            return base() if device is None else base(device)
+
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, base)
+
+    class Generator(base, metaclass=_Meta):
+        __doc__ = base.__doc__
+
+    Generator.__module__, Generator.__qualname__ = "torch", "Generator"
+    torch.Generator = Generator
+
+
+# torch.accelerator's device-generic calls and the torch.tpu calls that answer them
+_ACCELERATOR_ROUTES = {
+    "synchronize": lambda device=None: torch.tpu.synchronize(),
+    "empty_cache": lambda: torch.tpu.empty_cache(),
+    "memory_allocated": lambda device_index=None: torch.tpu.memory_allocated(),
+    "max_memory_allocated": lambda device_index=None: torch.tpu.max_memory_allocated(),
+    # no caching allocator in front of XLA's: what is reserved is what is allocated
+    "memory_reserved": lambda device_index=None: torch.tpu.memory_allocated(),
+    "max_memory_reserved": lambda device_index=None: torch.tpu.max_memory_allocated(),
+    "memory_stats": lambda device_index=None: torch.tpu.memory_stats(),
+    "reset_peak_memory_stats": lambda device_index=None: torch.tpu.reset_peak_memory_stats(),
+    "reset_accumulated_memory_stats": lambda device_index=None: None,
+}
+
+
+def _accelerator_api() -> None:
+    """``torch.accelerator.synchronize`` and its memory calls (``torch.accelerator`` and
+    ``torch.accelerator.memory``), which device-generic code calls: they go to C++ device
+    guard and allocator hooks a Python backend cannot fill (torch 2.13 raises "Backend
+    doesn't support synchronizing all streams on device" or an internal assert about
+    ``device_allocator``), so with tpu the current accelerator they are torch.tpu's."""
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    for name, fn in _ACCELERATOR_ROUTES.items():
+        fn.__name__ = fn.__qualname__ = name
+        for mod in (acc, accmem):
+            if hasattr(mod, name):
+                setattr(mod, name, fn)
+
+
+def _is_tpu_location(loc) -> bool:
+    if isinstance(loc, str):
+        return loc == "tpu" or loc.startswith("tpu:")
+    return isinstance(loc, torch.device) and loc.type == "tpu"
+
+
+def _tree_to_tpu(obj, memo: dict):
+    """``obj`` (what ``torch.load`` returned) with every tensor moved to tpu: parameters
+    stay parameters, ``requires_grad`` is kept, a tensor met twice moves once."""
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in memo:
+            t = obj.detach().to("tpu")
+            if isinstance(obj, torch.nn.Parameter):
+                t = torch.nn.Parameter(t, requires_grad=obj.requires_grad)
+            elif obj.requires_grad:
+                t.requires_grad_(True)
+            memo[id(obj)] = t
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        out = type(obj)() if type(obj) is not dict else {}
+        for k, v in obj.items():
+            out[k] = _tree_to_tpu(v, memo)
+        if hasattr(obj, "_metadata"):  # a state_dict's OrderedDict
+            out._metadata = obj._metadata
+        return out
+    if isinstance(obj, list):
+        return [_tree_to_tpu(v, memo) for v in obj]
+    if isinstance(obj, tuple):
+        items = [_tree_to_tpu(v, memo) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
+
+
+def _load_to_tpu() -> None:
+    """``torch.load`` (and ``torch.serialization.load``): ``map_location="tpu"`` (or a
+    tpu ``torch.device``) moves *storages* to the device and rebuilds each tensor on its
+    storage (``set_``), and a tpu tensor has no byte storage; so such a load reads onto
+    the CPU and moves each tensor to tpu."""
+    import torch.serialization as ser
+
+    orig = ser.load
+
+    @functools.wraps(orig)
+    def load(f, map_location=None, *args, **kwargs):
+        if not _is_tpu_location(map_location):
+            return orig(f, map_location, *args, **kwargs)
+        return _tree_to_tpu(orig(f, "cpu", *args, **kwargs), {})
+
+    ser.load = load
+    torch.load = load
+
+
+def _matmul_precision() -> None:
+    """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
+    traced and compiled plans bake it in, so a change flushes pending work first (it was
+    recorded under the old precision) and drops the compiled plans (``_control``)."""
+    orig = torch.set_float32_matmul_precision
+
+    def set_float32_matmul_precision(precision: str) -> None:
+        _control.set_matmul_precision(orig, precision)
+
+    set_float32_matmul_precision.__doc__ = orig.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+
+
+def _keep_tied_parameters() -> None:
+    """``torch.nn.Module._apply``: ``model.to("tpu")`` keeps tied parameters tied (GPT-2's
+    lm_head/embedding). For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a
+    parameter shared by two modules stays one object; for a wrapper subclass PyTorch makes
+    a new Parameter per module instead, silently untying them. Re-tie afterwards.
+    In defer mode the conversion is then flushed: a move from the CPU records nothing
+    (``_special.copy_``), but a conversion of parameters already on tpu (``.to(bf16)``,
+    ``.half()``) would otherwise be recorded into the first training step's trace, which
+    would then differ from every later step's (two compiles instead of one)."""
+    orig = torch.nn.Module._apply
+    depth = [0]
+
+    def _apply(self, fn, recurse=True):
+        if depth[0]:
+            return orig(self, fn, recurse)
+        owners: dict = {}
+        for mod in self.modules():
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, name))
+        depth[0] += 1
+        try:
+            out = orig(self, fn, recurse)
+        finally:
+            depth[0] -= 1
+        for group in owners.values():
+            if len(group) > 1:
+                first_mod, first_name = group[0]
+                keep = first_mod._parameters[first_name]
+                for mod, name in group[1:]:
+                    mod._parameters[name] = keep
+        _control.flush_pending("Module._apply (model.to)")
+        return out
+
+    torch.nn.Module._apply = _apply
+
+
+def _foreach_for_tpu_parameters() -> None:
+    """``torch.optim.optimizer._foreach_supported_types``: torch.optim picks its foreach
+    and fused paths only for tensors whose type is exactly Tensor or Parameter; a tpu
+    parameter is a TpuTensor (flagged ``_is_param``)."""
+    import torch.optim.optimizer as optim_mod
+
+    if TpuTensor not in optim_mod._foreach_supported_types:
+        optim_mod._foreach_supported_types.append(TpuTensor)
+
+
+def _compile_picks_tpu(rule) -> None:
+    """``torch.compile``: TorchTPU's rule, tpu inputs pick the ``"tpu"`` backend and static
+    shapes; ``backend="inductor"`` with tpu inputs is a clear error. The rule
+    (``_compile.api.compile``, a stage above this one) is handed in by the installer. Only
+    the wrapper is installed here: nothing of Dynamo is imported until a compile."""
+    orig = torch.compile
+
+    @functools.wraps(orig)
+    def compile(model=None, **kwargs):
+        return rule(orig, model, **kwargs)
+
+    torch.compile = compile
+
+
+PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
+           _keep_tied_parameters, _foreach_for_tpu_parameters,
+           _tpu_generators, _accelerator_api, _load_to_tpu)
+
+
+def install_dynamo() -> None:
+    """At the first compile: Dynamo treats a ``TpuTensor`` as a tensor (it wraps only plain
+    tensors and traceable wrapper subclasses by default, so every tpu op graph-broke with
+    "Dynamo does not know how to trace builtin operator `matmul` with argument types
+    ['TpuTensor', ...]"). ``VariableBuilder._type_dispatch()`` is Dynamo's cached map from
+    exact type to wrapper (torch/_dynamo/variables/builder.py, torch 2.13)."""
+    import torch._dynamo
+    import torch._dynamo.variables.builder as builder
+    from torch._dynamo.variables.builder import VariableBuilder
+
+    VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
+    # ... and as a plain tensor, not a __torch_function__ subclass: otherwise Dynamo re-wraps
+    # graph outputs with `to_subclass`, through a global its resume functions (after a
+    # graph break) do not have: "NameError: name '__subclass_Tensor_..._c23' is not
+    # defined". (``builder.infer_subclass_type``, torch 2.13.)
+    infer = builder.infer_subclass_type
+
+    def infer_subclass_type(value):
+        return None if type(value) is TpuTensor else infer(value)
+
+    builder.infer_subclass_type = infer_subclass_type
+    # LSTM/GRU are traced into the graph rather than graph-broken, as TorchTPU does
+    # (process-wide Dynamo config, set at the first tpu compile).
+    torch._dynamo.config.allow_rnn = True
+
+
+def install(compile_rule) -> None:
+    """Install every patch; ``compile_rule(orig_compile, model, **kwargs)`` is what
+    ``torch.compile`` calls (``_compile.api.compile``)."""
+    if _installed:
+        return
+    for patch in PATCHES:
+        patch()
+    _compile_picks_tpu(compile_rule)
+    _installed.append(True)
+
+
+# ---- lazyrt.distributed: installed when its collectives are first registered ---------------
+# (torch.distributed.fsdp / .tensor load then, never at ``import lazyrt``.)
+
+def _patch_fsdp_storage() -> None:
+    """FSDP2's ``alloc_storage`` / ``free_storage`` (``torch.distributed.fsdp._fully_shard.
+    _fsdp_param`` and ``_fsdp_param_group``) resize the storage of the unsharded
+    parameters; a tpu tensor has no byte storage (its value is a JAX array rebound by every
+    write), so for tpu tensors both are no-ops: the unsharded value is replaced by the
+    next all-gather's copy-out."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    orig_alloc, orig_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+    if getattr(orig_alloc, "_lazyrt", False):
+        return
+
+    def alloc_storage(tensor):
+        if isinstance(tensor, TpuTensor):
+            return None
+        return orig_alloc(tensor)
+
+    def free_storage(tensor):
+        if isinstance(tensor, TpuTensor):
+            return None
+        return orig_free(tensor)
+
+    alloc_storage._lazyrt = True
+    free_storage._lazyrt = True
+    _fsdp_param.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    _fsdp_param_group.alloc_storage = alloc_storage
+
+
+def _patch_fsdp_init(hooks) -> None:
+    """FSDP2 shards each parameter at ``fully_shard`` time by copying chunk ``rank`` of it:
+    rank-dependent slices. Flush them there (a rank-local program), so they do not end up
+    in the first training step's program, which in fused mode must be the same on every
+    rank."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fsdp_state
+
+    def after(cls, name, when=lambda self: True):
+        orig = getattr(cls, name)
+        if getattr(orig, "_lazyrt", False):
+            return
+
+        def wrapped(self, *args, **kwargs):
+            first = when(self)
+            out = orig(self, *args, **kwargs)
+            if first:
+                hooks.flush_for_c10d(f"FSDP2 {name.strip('_')}")
+            return out
+
+        wrapped._lazyrt = True
+        setattr(cls, name, wrapped)
+
+    after(_fsdp_param_group.FSDPParamGroup, "__init__")
+    # NOTE: _lazy_init runs at every root forward; it does work only the first time.
+    after(_fsdp_state.FSDPState, "_lazy_init", lambda self: self._is_root is None)
+
+
+def _patch_dtensor_local_chunks(hooks) -> None:
+    """DTensor's Replicate -> Shard (and ``distribute_tensor`` without a scatter) keeps
+    chunk ``rank`` of the local tensor: a rank-dependent slice. In fused mode it runs as a
+    rank-dependent step (``_engine.rank_dependent``: pending collectives flushed before,
+    the slice flushed after), so fused programs stay the same on every rank."""
+    from torch.distributed.tensor import placement_types as pt
+
+    for cls in (pt.Shard, getattr(pt, "_StridedShard", None)):
+        if cls is None or "_select_split_tensor" not in cls.__dict__:
+            continue
+        orig = cls.__dict__["_select_split_tensor"]
+        if getattr(orig, "_lazyrt", False):
+            continue
+
+        def wrapped(self, tensor, *args, _orig=orig, **kwargs):
+            if not (isinstance(tensor, TpuTensor) and hooks.fused_active()):
+                return _orig(self, tensor, *args, **kwargs)
+            with hooks.rank_dependent():
+                return _orig(self, tensor, *args, **kwargs)
+
+        wrapped._lazyrt = True
+        cls._select_split_tensor = wrapped
+
+
+_dist_installed = []
+
+
+def install_distributed(hooks) -> None:
+    """The patches of FSDP2 and DTensor that ``lazyrt.distributed`` needs. ``hooks``:
+    ``flush_for_c10d(reason)``, ``fused_active()``, ``rank_dependent()`` (a context
+    manager) from its engine."""
+    if _dist_installed:
+        return
+    _dist_installed.append(True)
+    _patch_fsdp_storage()
+    _patch_fsdp_init(hooks)
+    _patch_dtensor_local_chunks(hooks)

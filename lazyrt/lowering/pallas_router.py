@@ -1,0 +1,219 @@
+"""The Pallas router: whether a lowering runs a ``kernels_pallas`` kernel or XLA's path.
+
+Policy (``lazyrt.config.pallas``, env ``LAZYRT_PALLAS``):
+  ``auto``  the kernels when the JAX backend is gpu/tpu *and* the shapes/dtypes fit
+            (``kernels_pallas.supports_*``); never on CPU, where Pallas only runs in
+            the (slow) interpret mode meant for testing. The default.
+  ``on``    the kernels whenever the shapes fit (interpret mode on CPU).
+  ``off``   never.
+
+The router never raises for inputs a kernel cannot take: it returns None (the
+caller runs its plain ``jnp``/XLA path) and counts ``pallas_fallbacks``.
+
+Counters (``lazyrt._base.metrics``): ``pallas_attention_calls``, ``pallas_matmul_calls``
+and ``pallas_fallbacks`` count *routing decisions made while tracing a lowering*
+("calls traced"), not executions: a lowering is traced when its plan is created
+(lazyrt's abstract check) and when it is compiled (once per plan in strict mode, once
+per compiled flush in defer mode); a cached executable that runs again adds nothing.
+So "> 0" means "a kernel is in the compiled code", "== 0" means "no kernel was
+traced". The one exception is the ``scaled_dot_product_attention`` redirect
+(``lowering/attention.py``), which runs per call and counts a fallback per call
+that cannot use the fused op at all (3-D inputs, dropout, a mask needing a grad).
+
+Routing is decided when a lowering is traced, and lazyrt caches plans and
+executables per op signature; change the policy with ``lazyrt.set_pallas``, which
+flushes pending work and drops the cached plans of the routed ops. Assigning
+``config.pallas`` directly only affects signatures not yet planned.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .._base.config import config
+from .._base.metrics import COUNTERS
+
+POLICIES = ("auto", "on", "off")
+
+
+@functools.cache
+def _kp():
+    import kernels_pallas
+
+    return kernels_pallas
+
+
+def _backend() -> str:
+    return jax.default_backend()
+
+
+def active() -> bool:
+    """Whether the policy allows the kernels at all (shapes aside)."""
+    p = config.pallas
+    if p == "on":
+        return True
+    if p == "auto":
+        return _backend() in ("gpu", "tpu", "cuda", "rocm")
+    return False
+
+
+def routed_ops():
+    """The ATen overloads whose lowerings consult this router (a policy change drops
+    their compiled plans: ``lazyrt.set_pallas``)."""
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.mm.default, aten.bmm.default, aten.addmm.default,
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+        aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_backward.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_efficient_attention_backward.default,
+    }
+
+
+def no_x64():
+    """lazyrt traces lowerings with x64 on; the kernels are traced with it off.
+
+    NOTE: kernels_pallas's causal flash attention fails to trace under x64
+    (``_causal_kv_blocks``: ``lax.div`` of the int32 program id by a Python int that
+    x64 makes int64). Their inputs are 32/16-bit, so x64 changes nothing else. The
+    custom VJP's backward is traced when the VJP is applied, so that must be inside
+    this context too (``flash_attention_vjp``).
+    """
+    return jax.enable_x64(False)
+
+
+# ---------------------------------------------------------------------------
+# matmul
+# ---------------------------------------------------------------------------
+
+def matmul(a, b, bias=None):
+    """``a @ b (+ bias)`` with the Pallas kernel, or None when not routed.
+
+    ``a``/``b``: [M, K] @ [K, N] or [B, M, K] @ [B, K, N] of one dtype; ``bias``:
+    None, [N] or [1, N] (``addmm``'s ``self`` broadcast over rows). Anything else
+    (other ranks or broadcasting, other dtypes, empty dims) returns None and counts
+    a fallback.
+    """
+    if not active():
+        return None
+    kp = _kp()
+    ok = (a.ndim in (2, 3) and a.ndim == b.ndim and a.dtype == b.dtype
+          and kp.supports_matmul(a.shape, b.shape, a.dtype))
+    if ok and bias is not None:
+        n = b.shape[-1]
+        if bias.shape == (1, n):
+            bias = bias.reshape(n)
+        ok = bias.shape == (n,) and jnp.issubdtype(bias.dtype, jnp.floating)
+    if not ok:
+        COUNTERS["pallas_fallbacks"] += 1
+        return None
+    COUNTERS["pallas_matmul_calls"] += 1
+    fn = kp.matmul if a.ndim == 2 else kp.batched_matmul
+    with no_x64():
+        return fn(a, b, bias=bias)
+
+
+# ---------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------
+
+def attention_fits(q, k, v, mask) -> bool:
+    """Whether ``kernels_pallas.flash_attention`` takes these (shapes/dtypes only)."""
+    kp = _kp()
+    if not (q.dtype == k.dtype == v.dtype):
+        return False
+    return kp.supports_attention(
+        tuple(q.shape), tuple(k.shape), q.dtype, v_shape=tuple(v.shape),
+        mask_shape=None if mask is None else tuple(mask.shape),
+        mask_dtype=None if mask is None else mask.dtype)
+
+
+def use_attention(q, k, v, mask, count: bool = True) -> bool:
+    """Route this attention to the kernel? Counts the call or the fallback."""
+    if not active():
+        return False
+    if attention_fits(q, k, v, mask):
+        if count:
+            COUNTERS["pallas_attention_calls"] += 1
+        return True
+    if count:
+        COUNTERS["pallas_fallbacks"] += 1
+    return False
+
+
+def flash_attention(q, k, v, mask, causal: bool, scale):
+    """The kernel's forward (no routing, no counting): ``[B, Hq, L, E]``."""
+    with no_x64():
+        return _kp().flash_attention(q, k, v, mask, causal=bool(causal),
+                                     scale=None if scale is None else float(scale))
+
+
+def flash_attention_vjp(g, q, k, v, mask, causal: bool, scale):
+    """(dq, dk, dv) of the kernel (its custom VJP: the Pallas backward kernels)."""
+    with no_x64():
+        _, vjp = jax.vjp(lambda q_, k_, v_: flash_attention(q_, k_, v_, mask, causal, scale),
+                         q, k, v)
+        return vjp(g)
+
+
+# ---------------------------------------------------------------------------
+# the SDPA redirect (an AutogradPrivateUse1 kernel, registered by ``_registration``)
+# ---------------------------------------------------------------------------
+
+
+def _sdpa_fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Can this SDPA call be expressed with the overrideable fused op (dtypes and the
+    kernel's shape limits aside: the lowering decides those)?"""
+    ts = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.dim() == 4
+               for t in ts):
+        return False
+    if not (query.dtype == key.dtype == value.dtype and query.dtype.is_floating_point):
+        return False
+    if dropout_p != 0.0:
+        return False
+    if attn_mask is not None:
+        if is_causal:
+            return False  # PyTorch raises: let the composite kernel say so
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "tpu":
+            return False
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            return False
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+            return False
+    b, hq, L, e = query.shape
+    bk, hk, S, ek = key.shape
+    bv, hv, Sv, ev = value.shape
+    if not (b == bk == bv and e == ek and S == Sv and hk == hv):
+        return False
+    if hq != hk and not (enable_gqa and hq % hk == 0):
+        return False
+    return True
+
+
+def sdpa_autograd_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` on tpu: the fused overrideable op when the call
+    fits (its lowering runs the flash kernel, or with the kernels off or unfit, a jnp
+    path whose backward reuses the forward's output and logsumexp), else PyTorch's
+    composite (math) path."""
+    aten = torch.ops.aten
+    # NOTE: the fused op with the kernels off, too: on XLA:CPU, against the composite's
+    # bmm/_safe_softmax/bmm chain and its autograd, the perf attention rows ran 1.7-2.3x
+    # faster in strict, 1.1-1.4x in defer at the two smaller shapes and 0.87x at the
+    # largest (whose composite backward reuses the saved softmax); the GPT steps 1.1-1.4x
+    # in both modes. It is one node of a program rather than ~20.
+    if _sdpa_fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        fused = aten._scaled_dot_product_fused_attention_overrideable.default
+        return fused(query, key, value, attn_mask, 0.0, is_causal, False, scale=scale)[0]
+    if active():
+        COUNTERS["pallas_fallbacks"] += 1
+    return aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
