@@ -218,7 +218,7 @@ def test_graph_text_names_ops_and_inputs(defer):
     ("aten.upsample_nearest2d_backward.default", "upsample_nearest2d_backward",
      "lowering/nn.py"),
     ("aten.special_airy_ai.default", "airy_ai", "lowering/special.py"),
-    ("aten.copy_.default", "copy_", "_special.py"),
+    ("aten.copy_.default", "copy_", "_ops/special.py"),
 ])
 def test_coverage_names_the_lowering(op, fn_name, path):
     c = lazyrt.coverage(op)

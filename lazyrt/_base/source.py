@@ -7,7 +7,8 @@ import sys
 import torch
 
 _SKIP = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    # the lazyrt package (this file is lazyrt/_base/source.py)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep,
 )

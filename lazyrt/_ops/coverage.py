@@ -21,7 +21,7 @@ from .resolve import lookup
 
 aten = torch.ops.aten
 STATUSES = ("lowered", "special", "derived", "decomposed", "functional", "missing")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 @dataclasses.dataclass(frozen=True)
