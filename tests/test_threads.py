@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -92,3 +93,56 @@ def test_strict_threads_keep_memory_accounting_exact():
         th.join()
     lazyrt.sync()
     assert lazyrt.memory.live_bytes() == base
+
+
+def test_two_threads_each_get_their_own_backward_error():
+    """An op that raises inside ``backward()`` is held until ``backward()`` returns
+    (PyTorch would abort the process otherwise); with two threads in ``backward()`` at
+    once, each gets the error of its own backward, and neither loses it. Both backwards
+    run on autograd's one tpu device thread: B's backward waits there until A has
+    entered ``backward()`` (whose start used to clear every held error)."""
+    a_entered = threading.Event()
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            ctx.k = k
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            # a shape error naming this thread's size: (2,) @ (k,)
+            torch.ones(2, device="tpu") @ torch.ones(ctx.k, device="tpu")
+            if ctx.k == 3:  # thread B: hold the device thread until A has started
+                a_entered.wait(timeout=30)
+                time.sleep(0.2)
+            return g, None
+
+    results: dict = {}
+
+    def run(k: int) -> None:
+        x = torch.ones(2, device="tpu", requires_grad=True)
+        y = Fails.apply(x, k).sum()
+        if k == 5:
+            b_started.wait(timeout=30)
+            a_entered.set()
+        try:
+            y.backward()
+            results[k] = None
+        except RuntimeError as e:
+            results[k] = str(e)
+
+    for _ in range(3):
+        a_entered.clear()
+        b_started = threading.Event()
+        results.clear()
+        tb = threading.Thread(target=run, args=(3,))
+        ta = threading.Thread(target=run, args=(5,))
+        tb.start()
+        time.sleep(0.05)
+        b_started.set()
+        ta.start()
+        tb.join(60)
+        ta.join(60)
+        assert results[3] is not None and "src [3]" in results[3], results
+        assert results[5] is not None and "src [5]" in results[5], results
