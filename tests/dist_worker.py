@@ -644,6 +644,60 @@ def fused_hazards():
 
 
 @check
+def fused_threads():
+    """Fused collectives recorded from the main thread while a second thread records and
+    syncs its own work (defer, LAZYRT_DIST_FUSED). Each rank's collectives go over a group
+    of its own rank, so a flush that the other thread triggers never needs a peer to run
+    the same program; what is checked is that the c10d path records, writes and flushes
+    under the pending trace's lock like any op: exact values on both threads, no internal
+    error."""
+    import threading
+
+    dist = _init()
+    import lazyrt
+    import lazyrt.distributed as ld
+
+    groups = [dist.new_group([r]) for r in range(WORLD)]
+    mine = groups[RANK]
+    errors: list = []
+    stop = threading.Event()
+    counts = [0]
+
+    def other():
+        try:
+            t = torch.zeros(17, device="tpu")
+            while not stop.is_set():
+                t.add_(1)
+                counts[0] += 1
+                lazyrt.sync()
+            got = t.cpu()
+            if not torch.equal(got, torch.full((17,), float(counts[0]))):
+                errors.append(f"other thread: {got[:3].tolist()} after {counts[0]} adds")
+        except Exception as e:
+            errors.append(f"other thread: {type(e).__name__}: {e}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    with lazyrt.set_mode("defer"), ld.fused():
+        th = threading.Thread(target=other)
+        th.start()
+        try:
+            for i in range(200):
+                x = torch.full((5,), float(i + RANK), device="tpu")
+                dist.all_reduce(x, group=mine)
+                got = (x * 2).cpu()
+                if not torch.equal(got, torch.full((5,), 2.0 * (i + RANK))):
+                    errors.append(f"main thread, step {i}: {got.tolist()}")
+        except Exception as e:
+            errors.append(f"main thread: {type(e).__name__}: {e}")
+        finally:
+            stop.set()
+            th.join(60)
+            sys.setswitchinterval(interval)
+    return [("errors", errors, []), ("other thread ran", counts[0] > 0, True)]
+
+
+@check
 def debug_check():
     """LAZYRT_DIST_CHECK=on: mismatched isolated collectives raise instead of hanging."""
     dist = _init()

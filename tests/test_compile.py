@@ -90,6 +90,7 @@ def test_backend_by_name_and_entry_point():
     assert_close(got.cpu(), x.exp() * x)
 
 
+@pytest.mark.subprocess
 def test_import_torch_alone_gives_the_device_and_import_lazyrt_no_dynamo():
     code = ("import sys, torch\n"
             "assert 'lazyrt' in sys.modules and 'torch._dynamo' not in sys.modules\n"
@@ -426,6 +427,7 @@ def test_no_lazyrt_or_jax_frame_is_ever_compiled(mode):
     assert bad == []
 
 
+@pytest.mark.subprocess
 def test_torch_logs_show_recompiles_and_graph_breaks():
     code = ("import torch\n"
             "f = torch.compile(lambda x: (x * 2).sum().item() + (x + 1).sum().item())\n"

@@ -289,6 +289,7 @@ def test_strict_and_defer_agree_on_a_model():
     gc.collect()
 
 
+@pytest.mark.subprocess
 def test_persistent_cache_dir(tmp_path):
     import os
     import subprocess

@@ -11,7 +11,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from _dist_launch import ROOT, check_items, launch
+
+pytestmark = pytest.mark.subprocess
 
 
 def _only(results, check):

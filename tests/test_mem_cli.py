@@ -11,6 +11,8 @@ import pytest
 from lazyrt import mem
 from lazyrt._memcli import export
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 

@@ -519,6 +519,7 @@ def test_modes_api():
     ({}, "strict"), ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "defer"),
     ({"TORCH_TPU_LAUNCH_BLOCKING": "1"}, "debug"),
 ])
+@pytest.mark.subprocess
 def test_mode_from_environment(env, expected):
     full = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU")}
     full.update(env)
@@ -527,6 +528,7 @@ def test_mode_from_environment(env, expected):
     assert out.stdout.strip() == expected, out.stderr
 
 
+@pytest.mark.subprocess
 def test_bad_mode_env_is_a_clear_error():
     env = dict(os.environ, TORCH_TPU_MODE="fastest")
     out = subprocess.run([sys.executable, "-c", "import lazyrt"], env=env, capture_output=True,

@@ -203,6 +203,7 @@ def lazyrt_tensor():
     return lazyrt.TpuTensor
 
 
+@pytest.mark.subprocess
 def test_any_module_can_be_imported_first():
     """Importing any lazyrt module first (in a fresh interpreter) leaves a working device."""
     # (``import lazyrt.x`` runs lazyrt/__init__ first anyway; the acyclic import graph

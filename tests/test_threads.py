@@ -146,3 +146,14 @@ def test_two_threads_each_get_their_own_backward_error():
         ta.join(60)
         assert results[3] is not None and "src [3]" in results[3], results
         assert results[5] is not None and "src [5]" in results[5], results
+
+
+@pytest.mark.subprocess
+def test_fused_collectives_from_one_thread_while_another_records_and_syncs():
+    """The c10d path (a fused all_reduce: record, then write its result) takes the
+    pending trace's lock like any op, so another thread's flush never splits it
+    (2 ranks, defer, fused collectives; tests/dist_worker.py::fused_threads)."""
+    from _dist_launch import check_items, launch
+
+    res = launch(["fused_threads"], timeout=240)
+    check_items(res)

@@ -123,6 +123,7 @@ def _probe(**env):
     return p.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc knobs")
 def test_host_malloc_cache_on_by_default_and_switchable():
     import json
@@ -132,6 +133,7 @@ def test_host_malloc_cache_on_by_default_and_switchable():
     assert json.loads(_probe(LAZYRT_HOST_MALLOC_CACHE="0")) == {}
 
 
+@pytest.mark.subprocess
 def test_host_malloc_cache_bad_value_is_an_error():
     e = dict(os.environ, JAX_PLATFORMS="cpu", LAZYRT_HOST_MALLOC_CACHE="maybe")
     p = subprocess.run([sys.executable, "-c", "import lazyrt"], capture_output=True, text=True,

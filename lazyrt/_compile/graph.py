@@ -406,6 +406,13 @@ class _GraphPlan:
     # ---- running -----------------------------------------------------------------------
 
     def call(self, args, vals, scal):
+        # NOTE: the pending trace's lock from recording the program to wrapping and writing
+        # its outputs, as the dispatcher holds it for an op (another thread's flush must not
+        # split the two).
+        with _defer.LOCK:
+            return self._call(args, vals, scal)
+
+    def _call(self, args, vals, scal):
         host: list = []
         for op, a, kw in self.host_steps:
             host.append(op(*_host_args(a, host, args), **_host_args(kw, host, args)))

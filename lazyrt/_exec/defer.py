@@ -55,6 +55,14 @@ from . import xla as _xla
 from .trace import _MASK, _SHIFT, Trace, explain, graph_text  # noqa: F401  (re-exported)
 
 LOCK = threading.RLock()
+_owned = LOCK._is_owned
+
+
+def _unlocked(what: str):
+    raise RuntimeError(
+        f"lazyrt: internal error: {what} without the pending trace's lock (whoever records "
+        "a value and then stores it in a tensor holds lazyrt._exec.defer.LOCK for both)")
+
 _X64 = jax.enable_x64
 
 
@@ -97,7 +105,10 @@ def eager_const(inputs: list) -> bool:
 
 def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
-    The caller holds ``LOCK``."""
+    The caller holds ``LOCK`` (checked: an op's record and its write-back must not be
+    split by another thread's flush)."""
+    if not _owned():
+        _unlocked("recording")
     tr = _trace
     n = len(tr.nodes)
     # NOTE: both cuts are made before recording, while this op's inputs are still held
@@ -187,6 +198,8 @@ def _cut(tr: Trace) -> None:
 def note_storage(st, old) -> None:
     """``st`` now holds a pending value (of the current trace); ``old`` was its previous
     value. The caller holds ``LOCK``, so no flush ran since the value was recorded."""
+    if not _owned():
+        _unlocked("storing a pending value")
     tr = st.value.trace
     if tr.done:
         raise RuntimeError("lazyrt: internal error: a storage got a pending value of a trace "

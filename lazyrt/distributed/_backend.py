@@ -114,10 +114,11 @@ class ProcessGroupTpu(dist.ProcessGroup):
             o.reduceOp = op
             return self._host("all_reduce").allreduce(list(tensors), o)
         name = reduce_op_name(op)
-        for t in tensors:
-            (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())), [t],
-                               "all_reduce")
-            _rt.write(t, v)
+        with _rt.locked():
+            for t in tensors:
+                (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())), [t],
+                                   "all_reduce")
+                _rt.write(t, v)
         return _done(list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -134,9 +135,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _split(tensors):
             return self._host("broadcast").broadcast(list(tensors), opts)
         src = self._root(opts.rootRank if opts is not None else 0)
-        for t in tensors:
-            (v,) = _engine.run(self, "broadcast", (("src", src), ("n", self.size())), [t])
-            _rt.write(t, v)
+        with _rt.locked():
+            for t in tensors:
+                (v,) = _engine.run(self, "broadcast", (("src", src), ("n", self.size())), [t])
+                _rt.write(t, v)
         return _done(list(tensors))
 
     # ---- all_gather ---------------------------------------------------------
@@ -154,9 +156,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 if tuple(o.shape) != tuple(inp.shape):
                     raise ValueError(f"lazyrt: all_gather output shape {list(o.shape)} differs "
                                      f"from the input's {list(inp.shape)}")
-            (g,) = _engine.run(self, "all_gather", (("n", self.size()),), [inp])
-            for i, o in enumerate(outs):
-                _rt.write(o, _index(g, i))
+            with _rt.locked():
+                (g,) = _engine.run(self, "all_gather", (("n", self.size()),), [inp])
+                for i, o in enumerate(outs):
+                    _rt.write(o, _index(g, i))
         return _done(output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -177,8 +180,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if output.numel() != n * input.numel():
             raise ValueError(f"lazyrt: all_gather_into_tensor output has {output.numel()} "
                              f"elements, expected {n} x {input.numel()}")
-        (g,) = _engine.run(self, "all_gather", (("n", n),), [input], "all_gather_into_tensor")
-        _rt.write(output, _reshape(g, tuple(output.shape)))
+        with _rt.locked():
+            (g,) = _engine.run(self, "all_gather", (("n", n),), [input], "all_gather_into_tensor")
+            _rt.write(output, _reshape(g, tuple(output.shape)))
         return _done([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -205,9 +209,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
                 raise ValueError(f"lazyrt: reduce_scatter needs {n} input tensors, got {len(ins)}")
             for i in ins:
                 _check_same(out, i, "reduce_scatter")
-            stacked = _stack(ins)
-            (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [stacked])
-            _rt.write(out, _reshape(v, tuple(out.shape)))
+            with _rt.locked():
+                stacked = _stack(ins)
+                (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [stacked])
+                _rt.write(out, _reshape(v, tuple(out.shape)))
         return _done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -225,9 +230,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = input if input.dim() >= 1 and input.shape[0] == n * (output.shape[0] if output.dim() else 1) \
             else input.reshape(n * output.numel())
-        (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [flat],
-                           "reduce_scatter_tensor")
-        _rt.write(output, _reshape(v, tuple(output.shape)))
+        with _rt.locked():
+            (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [flat],
+                               "reduce_scatter_tensor")
+            _rt.write(output, _reshape(v, tuple(output.shape)))
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -253,11 +259,13 @@ class ProcessGroupTpu(dist.ProcessGroup):
         shapes = {tuple(t.shape) for t in list(input_tensors) + list(output_tensors)}
         if len(shapes) != 1:
             return self._alltoall_uneven(output_tensors, input_tensors)
-        stacked = _stack(input_tensors)
-        (v,) = _engine.run(self, "all_to_all", (("n", n),), [stacked])
         for i, o in enumerate(output_tensors):
             _check_same(o, input_tensors[i], "all_to_all")
-            _rt.write(o, _index(v, i))
+        with _rt.locked():
+            stacked = _stack(input_tensors)
+            (v,) = _engine.run(self, "all_to_all", (("n", n),), [stacked])
+            for i, o in enumerate(output_tensors):
+                _rt.write(o, _index(v, i))
         return _done(output_tensors)
 
     def _alltoall_uneven(self, output_tensors, input_tensors):
@@ -274,11 +282,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
         self._gloo().allreduce([m], _max_opts()).wait()
         m = int(m.item())
         padded = [torch.nn.functional.pad(t, (0, m - t.numel())) for t in flat_in]
-        stacked = _stack(padded)
-        (v,) = _engine.run(self, "all_to_all", (("n", n),), [stacked])
-        for i, o in enumerate(output_tensors):
-            chunk = _index(v, i)
-            _rt.write(o, _reshape(_rt_slice(chunk, o.numel()), tuple(o.shape)))
+        with _rt.locked():
+            stacked = _stack(padded)
+            (v,) = _engine.run(self, "all_to_all", (("n", n),), [stacked])
+            for i, o in enumerate(output_tensors):
+                chunk = _index(v, i)
+                _rt.write(o, _reshape(_rt_slice(chunk, o.numel()), tuple(o.shape)))
         return _done(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -297,8 +306,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
             if input.shape[0] % n:
                 raise ValueError(f"lazyrt: all_to_all_single: dim 0 ({input.shape[0]}) is not "
                                  f"divisible by the group size {n}")
-            (v,) = _engine.run(self, "all_to_all", (("n", n),), [input], "all_to_all_single")
-            _rt.write(output, v)
+            with _rt.locked():
+                (v,) = _engine.run(self, "all_to_all", (("n", n),), [input], "all_to_all_single")
+                _rt.write(output, v)
             return _done([output])
         ins = ins or [input.shape[0] // n] * n
         outs = outs or [output.shape[0] // n] * n
@@ -330,8 +340,9 @@ class ProcessGroupTpu(dist.ProcessGroup):
             # NOTE: the other ranks take part with a buffer of the same shape (its values
             # are not used), so every rank runs the same program.
             stacked = torch.zeros((n,) + tuple(out.shape), dtype=out.dtype, device="tpu")
-        (v,) = _engine.run(self, "scatter", (("src", src), ("n", n)), [stacked])
-        _rt.write(out, v)
+        with _rt.locked():
+            (v,) = _engine.run(self, "scatter", (("src", src), ("n", n)), [stacked])
+            _rt.write(out, v)
         return _done(output_tensors)
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -340,7 +351,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
                                                opts or dist.GatherOptions())
         dst = self._root(opts.rootRank if opts is not None else 0)
         inp = input_tensors[0]
-        with _engine.rank_dependent():
+        with _engine.rank_dependent(), _rt.locked():
             (g,) = _engine.run(self, "all_gather", (("n", self.size()),), [inp], "gather")
             if self.rank() == dst:
                 outs = output_tensors[0]
@@ -354,10 +365,11 @@ class ProcessGroupTpu(dist.ProcessGroup):
             return self._host("reduce").reduce(list(tensors), opts or dist.ReduceOptions())
         dst = self._root(opts.rootRank if opts is not None else 0)
         name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        for t in tensors:
-            (v,) = _engine.run(self, "reduce", (("op", name), ("dst", dst), ("n", self.size())),
-                               [t])
-            _rt.write(t, v)
+        with _rt.locked():
+            for t in tensors:
+                (v,) = _engine.run(self, "reduce",
+                                   (("op", name), ("dst", dst), ("n", self.size())), [t])
+                _rt.write(t, v)
         return _done(list(tensors))
 
     # ---- point to point -----------------------------------------------------
@@ -397,9 +409,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         with _engine.rank_dependent():
             for t in tensors:
                 _p2p_check(pg, peer, me, t, "recv")
-                (v,) = _engine.run(pg, "send_recv", (("src", peer), ("dst", me), ("n", 2)), [t],
-                                   "recv")
-                _rt.write(t, v)
+                with _rt.locked():
+                    (v,) = _engine.run(pg, "send_recv", (("src", peer), ("dst", me), ("n", 2)),
+                                       [t], "recv")
+                    _rt.write(t, v)
         return _done(list(tensors))
 
     def recv_anysource(self, tensors, tag: int = 0):

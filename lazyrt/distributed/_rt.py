@@ -39,6 +39,7 @@ __all__ = [
     "value_of", "write", "run", "flush", "pending_count", "current_trace", "compile_lowered",
     "register_handler", "register_lowering", "to_jax_dtype", "to_torch_dtype", "X64",
     "set_spmd_runner", "host_to_device", "to_cpu", "track", "set_sharding_keys", "lean_lower",
+    "locked",
 ]
 
 X64 = jax.enable_x64
@@ -95,6 +96,13 @@ def write(t: TpuTensor, value) -> None:
     if type(value) is not Pending:
         memory.track(value)
     _values.write(t, value)
+
+
+def locked():
+    """The pending trace's lock (re-entrant), as a context manager. A c10d call holds it
+    from recording its collective to writing the results into its tensors, as the
+    dispatcher holds it for an op, so another thread's flush never splits the two."""
+    return _defer.LOCK
 
 
 def run(prog: Prog, inputs, scalars=()):
