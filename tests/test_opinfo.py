@@ -289,8 +289,14 @@ def _flat_tensors(x):
     return []
 
 
-def _check_grad_sample(op, sample, mode) -> bool:
-    """Gradients of one sample on tpu vs CPU autograd; False if nothing to differentiate."""
+def _assert_grad_close(i, actual, expected, sample):
+    torch.testing.assert_close(actual, expected, rtol=1e-3, atol=1e-4, equal_nan=True,
+                               msg=lambda m: f"grad of input {i}: {m}")
+
+
+def _check_grad_sample(op, sample, mode, compare=_assert_grad_close) -> bool:
+    """Gradients of one sample on tpu vs CPU autograd, both in the sample's dtypes, compared
+    by ``compare(i, tpu_grad, cpu_grad, sample)``; False if nothing to differentiate."""
     args = (sample.input,) + tuple(sample.args)
     inputs = [t for t in _flat_tensors(args) + _flat_tensors(list(sample.kwargs.values()))
               if t.requires_grad]
@@ -321,7 +327,7 @@ def _check_grad_sample(op, sample, mode) -> bool:
     if not outs or not inputs:
         return False
     g = torch.Generator().manual_seed(0)
-    cots = [torch.randn(o.shape, generator=g) for o in outs]
+    cots = [torch.randn(o.shape, generator=g).to(o.dtype) for o in outs]
     ref = torch.autograd.grad(outs, inputs, cots, allow_unused=True)
     if tout is None:
         tinputs, tout = tpu_forward()
@@ -333,8 +339,7 @@ def _check_grad_sample(op, sample, mode) -> bool:
         if b is None:
             continue
         assert a is not None, f"grad {i} missing"
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, equal_nan=True,
-                                   msg=lambda m, i=i: f"grad of input {i}: {m}")
+        compare(i, a, b, sample)
     return True
 
 

@@ -1,6 +1,7 @@
 """Small helpers shared by lowerings."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -40,6 +41,28 @@ def opmath(x):
     if x.dtype in (jnp.bfloat16, jnp.float16):
         return x.astype(jnp.float32)
     return x
+
+
+def vjp(f, *primals):
+    """``jax.vjp`` for a backward lowering: ``(outputs, pullback)`` where the pullback takes
+    cotangents in any floating dtype and returns each gradient in its primal's dtype.
+
+    The cotangent a backward op receives has the dtype PyTorch gives the forward's output
+    (the input's: bfloat16 for a bfloat16 conv), while the JAX forward may return a wider
+    one (a conv or matmul with ``preferred_element_type=float32``, an ``opmath`` body):
+    ``jax.vjp``'s pullback refuses a cotangent of another dtype. Each cotangent is cast to
+    its output's dtype (a widening cast is exact), and each gradient back to its primal's
+    (one rounding at the end, as PyTorch's CPU kernels accumulate in float32)."""
+    out, pullback = jax.vjp(f, *primals)
+
+    def pull(cotangents):
+        cots = jax.tree_util.tree_map(
+            lambda c, o: jnp.broadcast_to(jnp.asarray(c).astype(o.dtype), o.shape), cotangents, out)
+        grads = pullback(cots)
+        return tuple(g if g is None or g.dtype == jnp.asarray(p).dtype else
+                     g.astype(jnp.asarray(p).dtype) for g, p in zip(grads, primals))
+
+    return out, pull
 
 
 def matmul_precision():

@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .._base.metrics import COUNTERS
 from . import pallas_router as _pallas
 from ._registry import aten, lower
-from ._util import matmul_precision
+from ._util import matmul_precision, vjp
 
 _NEG_INF = float("-inf")
 
@@ -199,18 +198,18 @@ def _backward(g, q, k, v, mask, causal, scale, grad_mask=False, out=None, lse=No
     if grad_mask and mask is not None and mask.dtype != jnp.bool_:
         if _pallas.active():
             COUNTERS["pallas_fallbacks"] += 1
-        _, vjp = jax.vjp(lambda q_, k_, v_, m_: _math_attention(q_, k_, v_, m_, causal, scale),
-                         q, k, v, mask)
-        return vjp(g)
+        _, pull = vjp(lambda q_, k_, v_, m_: _math_attention(q_, k_, v_, m_, causal, scale),
+                      q, k, v, mask)
+        return pull(g)
     if _pallas.use_attention(q, k, v, mask):
         dq, dk, dv = _pallas.flash_attention_vjp(g, q, k, v, mask, causal, scale)
     elif out is not None and lse is not None and lse.shape[-1] >= q.shape[-2]:
         dq, dk, dv = _math_backward(g, q, k, v, mask, causal, scale, out,
                                     lse[..., :q.shape[-2]])
     else:
-        _, vjp = jax.vjp(lambda q_, k_, v_: _math_attention(q_, k_, v_, mask, causal, scale),
-                         q, k, v)
-        dq, dk, dv = vjp(g)
+        _, pull = vjp(lambda q_, k_, v_: _math_attention(q_, k_, v_, mask, causal, scale),
+                      q, k, v)
+        dq, dk, dv = pull(g)
     return dq, dk, dv, None
 
 

@@ -45,6 +45,7 @@ from torch._ops import OpOverload
 
 from . import _traced
 from ._registry import LOWERINGS, aten, lower
+from ._util import vjp
 
 __all__ = ["Backward", "Zeros", "ZerosLike", "Const", "BACKWARDS", "derive"]
 
@@ -154,10 +155,8 @@ def _make(bop: OpOverload, spec: Backward) -> Callable:
 
         got = {}
         if want:
-            outs, pullback = jax.vjp(forward, *[vals[g] for g in want])
-            cots = tuple(jnp.broadcast_to(jnp.asarray(b[spec.cotangents[i]]).astype(o.dtype), o.shape)
-                         for i, o in zip(cot_idx, outs))
-            got = dict(zip(want, pullback(cots)))
+            _, pull = vjp(forward, *[vals[g] for g in want])
+            got = dict(zip(want, pull(tuple(b[spec.cotangents[i]] for i in cot_idx))))
         grads = tuple(got.get(g) for g in spec.grads)
         if spec.adjust is not None:
             grads = spec.adjust(grads, b)

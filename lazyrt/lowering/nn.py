@@ -10,7 +10,7 @@ import numpy as np
 from jax import lax
 
 from ._registry import aten, lower, named
-from ._util import matmul_precision, opmath
+from ._util import matmul_precision, opmath, vjp
 
 # ---- normalization -----------------------------------------------------------------
 
@@ -182,7 +182,9 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 # ---- convolution ----------------------------------------------------------------------------
 
 
-def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, widen=True):
+    """``widen``: bfloat16/float16 inputs give a float32 output (``preferred_element_type``);
+    False: an output in the inputs' dtype (XLA still accumulates in float32)."""
     nd = x.ndim - 2
     # ATen takes a one-element list for every spatial dim (``padding="valid"`` gives [0]).
     stride, padding, dilation, output_padding = (
@@ -191,7 +193,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NC" + "DHW"[3 - nd:], "OI" + "DHW"[3 - nd:],
                                                        "NC" + "DHW"[3 - nd:]))
     prec = matmul_precision()
-    pref = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+    pref = jnp.float32 if widen and x.dtype in (jnp.bfloat16, jnp.float16) else None
     if not transposed:
         return lax.conv_general_dilated(x, w, tuple(stride), [(p, p) for p in padding],
                                         rhs_dilation=tuple(dilation), dimension_numbers=dn,
@@ -224,11 +226,16 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 @lower(aten.convolution_backward.default)
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
+    # NOTE: differentiated with an output in the inputs' dtype, so that in bfloat16/float16
+    # the transposed convolutions take the cotangent as it is and run in that dtype (a
+    # float32 output would make them float32 convolutions); XLA accumulates them in float32
+    # on every platform, as the forward's preferred_element_type does (same values on CPU).
     def f(x, w):
-        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups,
+                     widen=False)
 
-    _, vjp = jax.vjp(f, input, weight)
-    dx, dw = vjp(grad_output.astype(jnp.result_type(input, weight)))
+    _, pull = vjp(f, input, weight)
+    dx, dw = pull(grad_output)
     db = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim))) if output_mask[2] else None
     return (dx if output_mask[0] else None, dw if output_mask[1] else None, db)
 
@@ -363,17 +370,17 @@ def avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, coun
 @lower(aten.avg_pool2d_backward.default)
 def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
                         count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override, 2), opmath(self))
-    return vjp(opmath(grad_output))[0]
+    _, pull = vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
+                                      count_include_pad, divisor_override, 2), opmath(self))
+    return pull(grad_output)[0]
 
 
 @lower(aten.avg_pool3d_backward.default)
 def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
                         count_include_pad, divisor_override):
-    _, vjp = jax.vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
-                                         count_include_pad, divisor_override, 3), opmath(self))
-    return vjp(opmath(grad_output))[0]
+    _, pull = vjp(lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode,
+                                      count_include_pad, divisor_override, 3), opmath(self))
+    return pull(grad_output)[0]
 
 
 def _adaptive_avg(x, output_size):
@@ -408,14 +415,14 @@ def adaptive_avg_pool3d(self, output_size):
 
 @lower(aten._adaptive_avg_pool2d_backward.default)
 def adaptive_avg_pool2d_backward(grad_output, self):
-    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:]), opmath(self))
-    return vjp(opmath(grad_output))[0]
+    _, pull = vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:]), opmath(self))
+    return pull(grad_output)[0]
 
 
 @lower(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad_output, self):
-    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:]), opmath(self))
-    return vjp(opmath(grad_output))[0]
+    _, pull = vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:]), opmath(self))
+    return pull(grad_output)[0]
 
 
 # ---- losses -------------------------------------------------------------------------------
