@@ -30,11 +30,13 @@ from .._base.metrics import COUNTERS
 from .._base.tensor import Storage, TpuTensor
 from .._exec import defer as _defer
 from .._exec.values import concrete, host_to_device, new_tensor, run, write
-from .._ops.args import rebuild, spec_of_meta, template, walk
+from .._ops.args import rebuild, spec_of_meta, template
 from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
+from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concrete, free_symbols
+from .symbolic import walk_node_arg as _walk_arg
 
 _X64 = jax.enable_x64
 
@@ -103,32 +105,40 @@ class GraphProgram:
         self.kind = kind
         self.name = f"compiled_{kind}"
         self.reason = _check_graph(gm)
+        self.symbols = GraphSymbols(gm)
         self.plans: dict = {}
         COUNTERS["compiled_graphs"] += 1
 
     def __call__(self, *args):
         COUNTERS["compiled_calls"] += 1
-        if self.reason is None:
+        while self.reason is None:
             vals: list = []
             scal: list = []
+            rt = self.symbols.runtime_inputs
             try:
-                key = tuple([_input_key(a, vals, scal) for a in args])
+                if rt:  # runtime ints: fed to the program, not part of the key
+                    key = tuple([int if i in rt else _input_key(a, vals, scal)
+                                 for i, a in enumerate(args)])
+                else:
+                    key = tuple([_input_key(a, vals, scal) for a in args])
             except RuntimeError as ex:  # a CPU tensor input of the whole graph
                 self.reason = str(ex)
-            else:
-                plan = self.plans.get(key)
-                if plan is None:
-                    plan = self._plan(args, vals, scal)
-                    self.plans[key] = plan
-                if isinstance(plan, _GraphPlan):
-                    return plan.call(args, vals, scal)
+                break
+            plan = self.plans.get(key)
+            if plan is None:
+                try:
+                    plan = _GraphPlan(self, args, vals, scal)
+                except Specialize as ex:  # constants from now on: plan again
+                    self.symbols.make_static(ex.symbols)
+                    self.plans.clear()
+                    continue
+                except Unsupported as ex:
+                    plan = str(ex)
+                self.plans[key] = plan
+            if isinstance(plan, _GraphPlan):
+                return plan.call(args, vals, scal)
+            break
         return self._eager(args)
-
-    def _plan(self, args, vals, scal):
-        try:
-            return _GraphPlan(self, args, vals, scal)
-        except Unsupported as ex:
-            return str(ex)
 
     def _eager(self, args):
         COUNTERS["compiled_eager_calls"] += 1
@@ -148,6 +158,9 @@ class _GraphPlan:
 
     def __init__(self, gp: GraphProgram, args, vals, scal):
         gm = gp.gm
+        # symbol -> value: runtime ones only as examples for meta kernels (``symbolic``)
+        self.subs = gp.symbols.values(args)
+        self.static_syms = gp.symbols.static
         n_arr, n_f = len(vals), len(scal)
         # NOTE: a CPU tensor input has no device value (``_input_key``): None in the
         # template; the plan reads it on the host (``_host_ref``)
@@ -158,6 +171,7 @@ class _GraphPlan:
         # NOTE: a 0-d floating or bool host value (the optimizer's bias corrections) enters
         # as a runtime scalar, not a device_put (~1 us against ~100 us per value)
         self.host_scalars: list = []  # (host ref, dtype)
+        self.host_ints: list = []  # host refs of runtime ints (symbolic ints of the graph)
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
         self.checks: list = []  # linalg error checks, run on the host after the program
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
@@ -228,28 +242,29 @@ class _GraphPlan:
                 v = _meta_val(o)
                 if not _is_tpu_meta(v):
                     raise Unsupported(f"graph output {o.name} is not a tpu tensor")
-                spec = _out_spec(v)
+                spec = self._spec(v)
                 self.outs.append(("prog", prog_out(ref, spec), spec))
         # then the mutated inputs' new values, then the checks' infos
-        self.muts = [(i, prog_out(ref, _out_spec(_meta_val(placeholders[i]))))
+        self.muts = [(i, prog_out(ref, self._spec(_meta_val(placeholders[i]))))
                      for i, ref in self.mut_refs]
         self.check_outs = []
         for _, ref, v, _, _ in self.checks:
-            spec = _out_spec(v)
+            spec = self._spec(v)
             self.check_outs.append((prog_out(ref, spec), spec))
         out_avals = tuple(out_avals)
         n_c, n_h = len(consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
-        n_hs = len(self.host_scalars)
+        n_hs, n_hi = len(self.host_scalars), len(self.host_ints)
         hs_dtypes = [dt for _, dt in self.host_scalars]
 
         def graph_fn(*flat):
             inputs = rebuild(tpl, iter(flat[:n_arr]), iter(flat[n_in:n_in + n_f]))
             const_vals = flat[n_arr:n_arr + n_c]
             host_vals = flat[n_arr + n_c:n_in]
-            host_scal = [jnp.asarray(x, dt) for x, dt in
-                         zip(flat[n_in + n_f:n_in + n_f + n_hs], hs_dtypes)]
-            seeds = iter(flat[n_in + n_f + n_hs:])
+            o = n_in + n_f
+            host_scal = [jnp.asarray(x, dt) for x, dt in zip(flat[o:o + n_hs], hs_dtypes)]
+            host_int = [jnp.asarray(x, jnp.int64) for x in flat[o + n_hs:o + n_hs + n_hi]]
+            seeds = iter(flat[o + n_hs + n_hi:])
             results = []
 
             def value(ref):
@@ -264,17 +279,20 @@ class _GraphPlan:
                     return host_vals[ref[1]]
                 if kind == "hosts":
                     return host_scal[ref[1]]
+                if kind == "hosti":
+                    return host_int[ref[1]]
                 if kind == "get":
                     return value(ref[1])[ref[2]]
                 return ref[1]  # "py": a Python value
 
             for plan, refs, floats, random in steps:
                 ins = [value(r) for r in refs]
+                floats = [value(f.ref) if type(f) is Slot else f for f in floats]
                 extra = [next(seeds)] if random else []
                 results.append(_structure(plan, plan.prog.fn(*ins, *floats, *extra)))
             return tuple(value(r) for r in prog_outs)
 
-        kinds = ("f",) * (n_f + n_hs) + ("i",) * self.n_random
+        kinds = ("f",) * (n_f + n_hs) + ("i",) * (n_hi + self.n_random)
         self.prog = Prog(gp.name, graph_fn, kinds, out_avals,
                          desc=f"{len(steps)} ops", op=None)
         self.prog.graph = True
@@ -295,10 +313,19 @@ class _GraphPlan:
             return self._is_host(ref[1])
         return kind in ("host", "cpu", "py") or (kind == "in" and ref[1] in self.host_in)
 
+    def _spec(self, v) -> tuple:
+        """A tensor node value's (shape, stride, dtype, 0), symbols made concrete."""
+        return concrete(_out_spec(v), self.subs)
+
+    def _is_static(self, v) -> bool:
+        return free_symbols(v) <= self.static_syms
+
     def _host_node(self, node, env):
         """A node computing on the host (CPU inputs, CPU output): its ref, folded to a
         constant when its inputs are constants; None for a device node."""
         v = _meta_val(node)
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) and self._is_static(v):
+            return ("py", concrete(v, self.subs))
         flat = v if isinstance(v, (list, tuple)) else [v]
         if any(_is_tpu_meta(x) for x in flat):
             return None
@@ -331,7 +358,8 @@ class _GraphPlan:
             self.host_muts.append((i, sref))
             return sref
         dv, sv = _meta_val(dst), _meta_val(src)
-        if not (_is_tpu_meta(sv) and sv.shape == dv.shape and sv.dtype == dv.dtype):
+        if not (_is_tpu_meta(sv) and self._spec(sv)[0] == self._spec(dv)[0]
+                and sv.dtype == dv.dtype):
             # a cast, a broadcast or a host value: aten.copy makes the new value
             sref = ("node", len(steps))
             steps.append(self._step(node, env, op=torch.ops.aten.copy.default))
@@ -353,12 +381,21 @@ class _GraphPlan:
             self._host_slot[ref] = slot
         return slot
 
+    def _host_int(self, ref):
+        """The device program's ref for host int ``ref`` (a runtime int), entering once."""
+        slot = self._host_slot.get(ref)
+        if slot is None:
+            self.host_ints.append(ref)
+            slot = self._host_slot[ref] = ("hosti", len(self.host_ints) - 1)
+        return slot
+
     def _step(self, node, env, op=None):
         op = node.target if op is None else op
         e = resolve(op)
         if e.fn is None or e.data_dependent or e.mut:
             raise Unsupported(f"{op} ({e.resolution.how}) cannot be part of a compiled program")
         abstract_refs: dict = {}
+        runtime: dict = {}  # id(RuntimeInt) -> (its Slot, its symbols)
 
         def abstract(a):
             if isinstance(a, torch.fx.Node):
@@ -366,9 +403,15 @@ class _GraphPlan:
                 if ref[0] in ("cpu", "py"):
                     return ref[1]
                 v = _meta_val(a)
+                if isinstance(v, torch.SymInt):
+                    if self._is_static(v):
+                        return concrete(v, self.subs)
+                    r = RuntimeInt(concrete(v, self.subs))
+                    runtime[id(r)] = (Slot(self._host_int(ref)), free_symbols(v))
+                    return r
                 if not isinstance(v, torch.Tensor):
                     raise Unsupported(f"{a.name} is not a tensor")
-                spec = _out_spec(v)
+                spec = self._spec(v)
                 if self._is_host(ref):
                     ref = self._host_ref(ref, spec)
                 aval = _abstract(spec[0], _dtypes.to_jax(spec[2]), ref, abstract_refs)
@@ -387,13 +430,16 @@ class _GraphPlan:
         scal: list = []
         dyn = not e.static_floats
         for a in args:
-            walk(e, a, vals, scal, dyn)
+            _walk_arg(e, a, vals, scal, dyn)
         for v in kwargs.values():
-            walk(e, v, vals, scal, dyn)
+            _walk_arg(e, v, vals, scal, dyn)
         try:
             plan = make_plan(e, args, kwargs, vals, scal, fold=False)
         except Exception as ex:  # eager raises PyTorch's own error for this node
+            if runtime:  # perhaps only as a runtime int: try these symbols as constants
+                raise Specialize(set().union(*(s for _, s in runtime.values()))) from ex
             raise Unsupported(f"{op}: {type(ex).__name__}: {ex}") from ex
+        scal = [runtime[id(x)][0] if type(x) is RuntimeInt else x for x in scal]
         refs = []
         for v in vals:
             if id(v) in abstract_refs:
@@ -412,6 +458,7 @@ class _GraphPlan:
         hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
         inputs = vals + self.consts + hv
         hs = [float(_host_value(r, host, args)) for r, _ in self.host_scalars]
+        hs += [int(_host_value(r, host, args)) for r in self.host_ints]
         scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
         alone = _defer.isolated(self.prog)
