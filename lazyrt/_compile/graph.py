@@ -35,7 +35,7 @@ from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
-from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concrete, free_symbols
+from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concretize, free_symbols
 from .symbolic import walk_node_arg as _walk_arg
 
 _X64 = jax.enable_x64
@@ -315,7 +315,7 @@ class _GraphPlan:
 
     def _spec(self, v) -> tuple:
         """A tensor node value's (shape, stride, dtype, 0), symbols made concrete."""
-        return concrete(_out_spec(v), self.subs)
+        return concretize(_out_spec(v), self.subs)
 
     def _is_static(self, v) -> bool:
         return free_symbols(v) <= self.static_syms
@@ -325,7 +325,7 @@ class _GraphPlan:
         constant when its inputs are constants; None for a device node."""
         v = _meta_val(node)
         if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) and self._is_static(v):
-            return ("py", concrete(v, self.subs))
+            return ("py", concretize(v, self.subs))
         flat = v if isinstance(v, (list, tuple)) else [v]
         if any(_is_tpu_meta(x) for x in flat):
             return None
@@ -405,8 +405,8 @@ class _GraphPlan:
                 v = _meta_val(a)
                 if isinstance(v, torch.SymInt):
                     if self._is_static(v):
-                        return concrete(v, self.subs)
-                    r = RuntimeInt(concrete(v, self.subs))
+                        return concretize(v, self.subs)
+                    r = RuntimeInt(concretize(v, self.subs))
                     runtime[id(r)] = (Slot(self._host_int(ref)), free_symbols(v))
                     return r
                 if not isinstance(v, torch.Tensor):

@@ -81,7 +81,7 @@ class GraphSymbols:
         return {s: args[i] for i, s in self.by_input.items()}
 
 
-def concrete(v, subs: dict):
+def concretize(v, subs: dict):
     """``v`` with every symbolic int made concrete by ``subs`` (symbol -> int)."""
     if isinstance(v, torch.SymInt):
         return int(v.node.expr.xreplace(subs))
@@ -90,7 +90,7 @@ def concrete(v, subs: dict):
     if isinstance(v, torch.SymBool):
         return bool(v.node.expr.xreplace(subs))
     if isinstance(v, (list, tuple)):
-        return type(v)(concrete(x, subs) for x in v)
+        return type(v)(concretize(x, subs) for x in v)
     return v
 
 

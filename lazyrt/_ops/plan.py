@@ -24,7 +24,17 @@ from .._base import rng as _rng
 from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import contiguous_spec
-from .args import GSLOT, RuntimeInt, arg, rebuild, spec_of_meta, static_desc, template, to_meta, walk
+from .args import (
+    GSLOT,
+    RuntimeInt,
+    arg,
+    rebuild,
+    spec_of_meta,
+    static_desc,
+    template,
+    to_meta,
+    walk,
+)
 
 _X64 = jax.enable_x64
 _INSERT_LOCK = threading.Lock()
