@@ -95,6 +95,8 @@ def _check_graph(gm) -> str | None:
 
 # The flush of a compiled graph that runs alone (``_defer.isolated``).
 ALONE = "a compiled graph that runs alone (its surroundings kept recompiling)"
+# The flush of the work pending before a graph's first call.
+FIRST = "before a compiled graph's first call"
 
 
 class GraphProgram:
@@ -174,6 +176,7 @@ class _GraphPlan:
         self.host_ints: list = []  # host refs of runtime ints (symbolic ints of the graph)
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
         self.checks: list = []  # linalg error checks, run on the host after the program
+        self.first = True  # not called yet
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
         self.mut_refs: list = []  # (input index, its new value's ref)
@@ -462,8 +465,13 @@ class _GraphPlan:
         scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
         alone = _defer.isolated(self.prog)
-        if alone:
-            flush_pending("before a compiled graph that runs alone")
+        if alone or self.first:
+            # NOTE: before its first call, what is pending (work done once, such as
+            # parameter transfers, and the real tensors Dynamo's tracing made) runs on
+            # its own: fused with it, the graph's first program would differ from every
+            # later call's, and the second call would compile again.
+            self.first = False
+            flush_pending(FIRST if not alone else "before a compiled graph that runs alone")
         outs = run(self.prog, inputs, scal)
         res = []
         for o in self.outs:

@@ -308,7 +308,8 @@ def _scalar_struct(n: int):
 
 
 def _explain(tr: Trace, src: str) -> None:
-    if not _exes.count() or _history["compiles"] < 2:
+    """From the first recompile on: nothing is cached only before the first compile."""
+    if not _exes.count():
         return
     cached = _exes.recent(32)
     print(explain(tr, src, cached), file=sys.stderr)
