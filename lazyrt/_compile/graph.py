@@ -465,13 +465,17 @@ class _GraphPlan:
         scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
         alone = _defer.isolated(self.prog)
-        if alone or self.first:
-            # NOTE: before its first call, what is pending (work done once, such as
-            # parameter transfers, and the real tensors Dynamo's tracing made) runs on
-            # its own: fused with it, the graph's first program would differ from every
-            # later call's, and the second call would compile again.
+        if alone:
+            flush_pending("before a compiled graph that runs alone")
+        elif self.first:
             self.first = False
-            flush_pending(FIRST if not alone else "before a compiled graph that runs alone")
+            if not _defer.holds_graph():
+                # NOTE: what is pending before a graph's first call (work done once, such
+                # as parameter transfers, and what Dynamo's tracing made) runs on its own:
+                # fused with it, the first call's program would differ from every later
+                # call's. Not when the trace holds a graph already (a training step's
+                # backward graph after its forward): the step must stay one program.
+                flush_pending(FIRST)
         outs = run(self.prog, inputs, scal)
         res = []
         for o in self.outs:

@@ -79,6 +79,11 @@ def pending_count() -> int:
 register_gauge("pending_ops", pending_count)
 
 
+def holds_graph() -> bool:
+    """Whether the pending trace holds a compiled graph (``Prog.graph``)."""
+    return any(p.graph for p in _trace.nodes)
+
+
 _TLS = threading.local()
 
 
