@@ -104,29 +104,35 @@ def _op_name(text: str) -> str:
 def explain(tr: Trace, src: str, cached) -> str:
     """Why ``tr`` recompiles: its first difference from the closest of the ``cached``
     executables (each with ``desc``, the ``describe`` of its trace, and ``src``), with the
-    user's source line that recorded the op, in a few short lines."""
+    user's source line that recorded the op, in a few short lines. Traces are aligned by
+    their ops' names; an aligned op whose text differs (shapes, static arguments) is a
+    difference too."""
     desc = describe(tr)
-    best, best_ratio = None, -1.0
+    names = [_op_name(d) for d in desc]
+    best, best_key = None, None
     for exe in cached:
-        r = difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio()
-        if r > best_ratio:
-            best, best_ratio = exe, r
+        old_names = [_op_name(d) for d in exe.desc]
+        key = (difflib.SequenceMatcher(a=old_names, b=names, autojunk=False).ratio(),
+               difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio())
+        if best_key is None or key > best_key:
+            best, best_key, best_names = exe, key, old_names
     lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush at {src})"]
     if best is None:
         lines.append("  no cached trace to compare with")
         return "\n".join(lines)
-    closest = (f"closest cached trace: {len(best.desc)} ops, {best_ratio:.0%} similar, "
+    closest = (f"closest cached trace: {len(best.desc)} ops, {best_key[1]:.0%} similar, "
                f"compiled for the flush at {best.src}")
-    if best_ratio < 0.5:
+    if best_key[0] < 0.5:
         first = tr.srcs[0] if tr.srcs else "an unknown line"
-        lines.append(f"  a new trace, first op {_op_name(desc[0]) if desc else '-'} recorded at "
-                     f"{first}")
+        lines.append(f"  a new trace, first op {names[0] if names else '-'} recorded at {first}")
         lines.append(f"  ({closest})")
         return "\n".join(lines)
     diffs = []  # (index in the new trace, old text or None, new text or None)
-    sm = difflib.SequenceMatcher(a=best.desc, b=desc, autojunk=False)
+    sm = difflib.SequenceMatcher(a=best_names, b=names, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
+            diffs += [(j1 + k, best.desc[i1 + k], desc[j1 + k]) for k in range(i2 - i1)
+                      if best.desc[i1 + k] != desc[j1 + k]]
             continue
         for k in range(max(i2 - i1, j2 - j1)):
             old = best.desc[i1 + k] if i1 + k < i2 else None
@@ -140,11 +146,11 @@ def explain(tr: Trace, src: str, cached) -> str:
     where = tr.srcs[j] if j < len(tr.srcs) else "an unknown line"
     if old is not None and new is not None:
         was, now = _differing(old, new)
-        lines.append(f"  first difference: op {j} {_op_name(new)}, recorded at {where}")
+        lines.append(f"  first difference: op {j} {names[j]}, recorded at {where}")
         lines.append(f"    was {was}")
         lines.append(f"    now {now}")
     elif new is not None:
-        lines.append(f"  first difference: op {j} {_op_name(new)} is new, recorded at {where}")
+        lines.append(f"  first difference: op {j} {names[j]} is new, recorded at {where}")
     else:
         lines.append(f"  first difference: the cached trace's {_op_name(old)} before op {j} is "
                      "gone")
