@@ -102,17 +102,17 @@ def _trainer_losses(device, compile_):
     pytest.importorskip("accelerate")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_hidden_layers=1, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=64)
     model = transformers.LlamaForCausalLM(cfg)
     g = torch.Generator().manual_seed(1)
     data = []
-    for _ in range(16):
+    for _ in range(12):
         ids = torch.randint(0, 64, (8,), generator=g)
         data.append({"input_ids": ids, "labels": ids})
     with tempfile.TemporaryDirectory() as out:
         args = transformers.TrainingArguments(
-            output_dir=out, per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
+            output_dir=out, per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3,
             logging_steps=1, report_to=[], save_strategy="no", torch_compile=compile_,
             use_cpu=device == "cpu", seed=0, disable_tqdm=True)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
@@ -121,8 +121,31 @@ def _trainer_losses(device, compile_):
     return [h["loss"] for h in trainer.state.log_history if "loss" in h], params.device
 
 
-@pytest.mark.parametrize("mode", ["strict", pytest.param("defer", marks=pytest.mark.slow)],
-                         indirect=True)
+def test_accelerate_inductor_backend_compiles_tpu_models_with_tpu(mode, monkeypatch):
+    """accelerate's own compile call (what ``TrainingArguments(torch_compile=True)``
+    reaches): ``torch.compile(model, backend="inductor")``."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import TorchDynamoPlugin
+
+    from lazyrt._compile import api
+
+    monkeypatch.setattr(api, "_warned", [])
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    acc = accelerate.Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor"))
+    assert acc.device.type == "tpu"
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    model.load_state_dict(ref.state_dict())
+    before = _c()
+    with pytest.warns(UserWarning, match="backend='inductor'.*backend='tpu'"):
+        model = acc.prepare(model)
+    out = model(x.to(acc.device))
+    assert _delta(before)["compiled_modules"] == 1
+    assert_close(out.cpu(), ref(x))
+
+
+@pytest.mark.slow
 def test_trainer_torch_compile_trains_on_tpu_like_cpu_eager(mode, monkeypatch):
     """accelerate passes backend="inductor" for ``TrainingArguments(torch_compile=True)``:
     tpu work compiles with "tpu" instead, with one warning."""
@@ -334,3 +357,21 @@ def test_explain_recompile_from_the_first_recompile_short_with_source_line(capsy
     assert "first difference: op 0 _foreach_add" in third and "(7,)" in third
     assert max(len(line) for line in third.splitlines()) < 300
     assert len(third.splitlines()) <= 6
+
+
+def test_explain_recompile_speaks_at_a_processes_first_recompile():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, lazyrt\n"
+            "lazyrt.set_mode('defer')\n"
+            "w = torch.ones(4, 4, device='tpu')\n"
+            "(w @ w).sum().item()\n"
+            "(w[:, :3] @ w[:3]).sum().item()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                             LAZYRT_EXPLAIN_RECOMPILE="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("lazyrt: recompiling") == 1, r.stderr[-2000:]
+    assert "first difference: op" in r.stderr and "<string>:5" in r.stderr

@@ -142,7 +142,9 @@ def explain(tr: Trace, src: str, cached) -> str:
         lines.append("  same ops as a cached trace; its live outputs or donated inputs differ "
                      f"(cached for the flush at {best.src})")
         return "\n".join(lines)
-    j, old, new = diffs[0]
+    # the first op of this trace that differs (it has a source line); an op only the
+    # cached trace had is named when nothing else differs
+    j, old, new = next((d for d in diffs if d[2] is not None), diffs[0])
     where = tr.srcs[j] if j < len(tr.srcs) else "an unknown line"
     if old is not None and new is not None:
         was, now = _differing(old, new)
