@@ -1,24 +1,34 @@
 """``torch.compile`` picks the ``"tpu"`` backend for tpu work (TorchTPU's rule).
 
-* ``backend`` not given: a module (or ``module.compile()``) whose parameters or buffers
-  are on tpu when ``torch.compile`` is called compiles with ``"tpu"``; a function decides
-  at each call, from its arguments and, for ``opt.step``, the optimizer's parameters
-  (tpu tensors: ``"tpu"``, each variant compiled on first use); a function that reaches
-  tpu tensors only through globals or closures is routed by its graph's inputs.
-* ``"tpu"`` compiles static shapes: ``dynamic`` defaults to False, ``dynamic=True`` is an
-  error (each new shape compiles its own graph, as Dynamo decides, up to its recompile
-  limit, which ``TORCH_LOGS=recompiles`` shows).
-* ``backend="inductor"`` with tpu parameters or arguments raises a clear error.
+* Tpu work compiles with ``"tpu"``. A module (or ``module.compile()``) whose parameters or
+  buffers are on tpu when ``torch.compile`` is called is tpu work; a function decides at
+  each call, from its arguments and, for ``opt.step``, the optimizer's parameters (each
+  variant compiled on first use); anything else is routed graph by graph: a graph that
+  reads or creates tpu tensors (tpu inputs, tensors captured from closures, globals or
+  module attributes, factories with ``device="tpu"``) goes to ``"tpu"``, any other graph
+  to the backend asked for (inductor by default).
+* ``backend="inductor"`` (PyTorch's default, which libraries such as accelerate pass
+  explicitly) for tpu work compiles with ``"tpu"`` instead: inductor generates CPU/GPU
+  kernels. A warning names the substitution once per process; inductor's ``mode`` and
+  ``options`` do not apply to ``"tpu"``.
+* ``"tpu"`` compiles static tensor shapes: ``dynamic=True`` is an error. With the default
+  ``dynamic=None`` Dynamo's automatic dynamic applies to Python scalars only (an int that
+  changes between calls becomes a runtime input of the one graph, after one recompile);
+  tpu tensors keep static shapes (``_patches.install_dynamo``), each new shape compiles
+  its own graph, up to Dynamo's recompile limit. ``dynamic=False`` specializes scalars too.
 
 Nothing here imports Dynamo.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
 _TPU = "tpu"
+_INDUCTOR_ONLY = ("mode", "options")  # torch.compile arguments that only inductor reads
+_warned: list = []
 
 
 def _tpu():
@@ -35,9 +45,24 @@ def _is_tpu_backend(backend) -> bool:
 def _tpu_dynamic(dynamic):
     if dynamic:
         raise ValueError("lazyrt: torch.compile(..., dynamic=True) is not supported on tpu: "
-                         "the tpu backend compiles static shapes (dynamic=False, the default "
-                         "for tpu); each new shape compiles its own graph")
-    return False
+                         "the tpu backend compiles static shapes (each new shape compiles its "
+                         "own graph); with dynamic=None, the default, Python scalars that "
+                         "change between calls become runtime inputs")
+    return dynamic
+
+
+def _for_tpu(kwargs) -> dict:
+    return {k: v for k, v in kwargs.items() if k not in _INDUCTOR_ONLY}
+
+
+def warn_inductor() -> None:
+    """Once per process: an inductor request for tpu work compiles with ``"tpu"``."""
+    if _warned:
+        return
+    _warned.append(True)
+    warnings.warn("lazyrt: torch.compile(backend='inductor') got tpu work; compiling it with "
+                  "backend='tpu' instead (inductor generates CPU/GPU kernels, not tpu "
+                  "programs; inductor's mode/options do not apply)", stacklevel=4)
 
 
 def _module_of(model):
@@ -65,15 +90,100 @@ def _owner_on_tpu(fn) -> bool:
     return False
 
 
-def _auto(gm, example_inputs, **kwargs):
-    """The backend when nothing showed tpu tensors at ``torch.compile`` or call time (a
-    function reaching tpu tensors through globals or closures): Dynamo has lifted them
-    as graph inputs, so the graph's inputs decide."""
-    if any(isinstance(x, torch.Tensor) and x.device.type == _TPU for x in example_inputs):
-        return _tpu()(gm, example_inputs, **kwargs)
-    from torch._dynamo.backends.registry import lookup_backend
+def _on_tpu(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.device.type == _TPU
+    if isinstance(v, (list, tuple)):
+        return any(_on_tpu(x) for x in v)
+    return False
 
-    return lookup_backend("inductor")(gm, example_inputs, **kwargs)
+
+def graph_on_tpu(gm, example_inputs) -> bool:
+    """Whether a Dynamo graph reads or creates tpu tensors: its inputs (closures, globals
+    and module attributes are lifted to inputs) or any node's value (``torch.arange(n,
+    device="tpu")``)."""
+    if any(_on_tpu(x) for x in example_inputs):
+        return True
+    return any(_on_tpu(n.meta.get("example_value")) for n in gm.graph.nodes)
+
+
+class _Route:
+    """The backend of work not known to be tpu work when ``torch.compile`` was called:
+    each graph goes to ``"tpu"`` if it reads or creates tpu tensors, else to inductor
+    (with the ``mode``/``options`` asked for); ``backend`` is None or ``"inductor"``."""
+
+    def __init__(self, backend, kwargs, dynamic):
+        self.backend = backend
+        self.mode = kwargs.get("mode")
+        self.options = kwargs.get("options")
+        self.dynamic = dynamic
+        self._other = None
+        self.tpu = False  # a graph went to "tpu" (the recompile-limit warning asks)
+
+    def other(self):
+        if self._other is None:
+            self._other = torch._TorchCompileInductorWrapper(self.mode, self.options,
+                                                             self.dynamic)
+        return self._other
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        if graph_on_tpu(gm, example_inputs):
+            if self.backend == "inductor":
+                warn_inductor()
+            self.tpu = True
+            return _tpu()(gm, example_inputs)
+        return self.other()(gm, example_inputs)
+
+    def reset(self):
+        if self._other is not None and hasattr(self._other, "reset"):
+            self._other.reset()
+
+
+def _routed(orig, model, backend, dynamic, kwargs):
+    return orig(model, backend=_Route(backend, kwargs, dynamic), dynamic=dynamic,
+                **_for_tpu(kwargs))
+
+
+def compile(orig, model=None, *, backend=None, dynamic=None, **kwargs):
+    """``torch.compile`` with the tpu rule; ``orig`` is PyTorch's own."""
+    if model is None:
+        return lambda m: compile(orig, m, backend=backend, dynamic=dynamic, **kwargs)
+    if _is_tpu_backend(backend):
+        return orig(model, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **_for_tpu(kwargs))
+    if backend not in (None, "inductor") or not callable(model):
+        return orig(model, backend=backend, dynamic=dynamic, **kwargs)
+    mod = _module_of(model)
+    if mod is not None:
+        if _module_on_tpu(mod):
+            if backend == "inductor":
+                warn_inductor()
+            return orig(model, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **_for_tpu(kwargs))
+        return _routed(orig, model, backend, dynamic, kwargs)
+    return _per_call(orig, model, backend, dynamic, kwargs)
+
+
+def _per_call(orig, fn, backend, dynamic, kwargs):
+    """A function: tpu arguments pick ``"tpu"`` (each variant compiled on first use);
+    otherwise each graph is routed by the devices it reads and creates (``_Route``)."""
+    compiled: dict = {}
+
+    owner_tpu = _owner_on_tpu(fn)
+
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        tpu = owner_tpu or _has_tpu(args, kw)
+        f = compiled.get(tpu)
+        if f is None:
+            if tpu:
+                if backend == "inductor":
+                    warn_inductor()
+                f = orig(fn, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **_for_tpu(kwargs))
+            else:
+                f = _routed(orig, fn, backend, dynamic, kwargs)
+            compiled[tpu] = f
+        return f(*args, **kw)
+
+    return run
 
 
 def _has_tpu(args, kwargs) -> bool:
@@ -88,49 +198,3 @@ def _has_tpu(args, kwargs) -> bool:
             if _has_tpu((), a):
                 return True
     return False
-
-
-def _inductor_error():
-    return RuntimeError("lazyrt: backend='inductor' cannot compile tpu tensors (it generates "
-                        "CPU/GPU kernels); use backend='tpu', the default for tpu inputs")
-
-
-def compile(orig, model=None, *, backend=None, dynamic=None, **kwargs):
-    """``torch.compile`` with the tpu rule; ``orig`` is PyTorch's own."""
-    if model is None:
-        return lambda m: compile(orig, m, backend=backend, dynamic=dynamic, **kwargs)
-    if _is_tpu_backend(backend):
-        return orig(model, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **kwargs)
-    mod = _module_of(model)
-    if mod is not None and _module_on_tpu(mod):
-        if backend is None:
-            return orig(model, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **kwargs)
-        if backend == "inductor":
-            raise _inductor_error()
-        return orig(model, backend=backend, dynamic=dynamic, **kwargs)
-    if mod is not None or not callable(model) or backend not in (None, "inductor"):
-        return orig(model, backend=backend, dynamic=dynamic, **kwargs)
-    return _per_call(orig, model, backend, dynamic, kwargs)
-
-
-def _per_call(orig, fn, backend, dynamic, kwargs):
-    """A function: the backend follows its arguments, each compiled on first use."""
-    compiled: dict = {}
-
-    owner_tpu = _owner_on_tpu(fn)
-
-    @functools.wraps(fn)
-    def run(*args, **kw):
-        tpu = owner_tpu or _has_tpu(args, kw)
-        if tpu and backend == "inductor":
-            raise _inductor_error()
-        f = compiled.get(tpu)
-        if f is None:
-            if tpu:
-                f = orig(fn, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **kwargs)
-            else:
-                f = orig(fn, backend=backend or _auto, dynamic=dynamic, **kwargs)
-            compiled[tpu] = f
-        return f(*args, **kw)
-
-    return run

@@ -17,8 +17,8 @@ dynamo.setup()
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The ``"tpu"`` Dynamo backend."""
-    _refuse_dynamic(example_inputs)
+    """The ``"tpu"`` Dynamo backend. Symbolic ints in the graph (Python scalars Dynamo made
+    dynamic) are runtime inputs or per-value constants of its program (``symbolic``)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -51,18 +51,6 @@ def _backward(gm, example_inputs):
 
 def _inference(gm, example_inputs):
     return _boxed(GraphProgram(gm, "inference"))
-
-
-def _refuse_dynamic(example_inputs) -> None:
-    for x in example_inputs:
-        symbolic = isinstance(x, torch.SymInt | torch.SymFloat) or (
-            isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in x.shape))
-        if symbolic:
-            raise RuntimeError(
-                "lazyrt: the tpu backend compiles static shapes only; a graph with dynamic "
-                "shapes reached it (torch.compile(..., dynamic=True), or automatic dynamic "
-                "shapes after a recompile). Compile with dynamic=False (the default for tpu "
-                "inputs): each new shape then compiles its own graph, as Dynamo decides.")
 
 
 @functools.cache

@@ -6,11 +6,16 @@
   (a per-code-object flag, free at run time), and lazyrt's directory is in Dynamo's skip
   list, so user code calling into lazyrt graph-breaks there instead of inlining it.
 * LSTM/GRU are traced (``allow_rnn``), as TorchTPU does; otherwise they graph-break.
+* Tpu tensors keep static shapes; Python scalars become dynamic as Dynamo decides.
+* A tpu frame that hits Dynamo's recompile limit gets lazyrt's warning, naming the cause
+  (``recompile_limit_hit``): from then on Dynamo runs it eagerly.
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
+import warnings
 
 _done: list = []
 
@@ -22,7 +27,7 @@ def setup() -> None:
 
     from .._torch import patches as _patches
 
-    _patches.install_dynamo()
+    _patches.install_dynamo(recompile_limit_hit)
     # NOTE: lazyrt's own modules, and what they call (a frame of a skipped file still runs
     # under Dynamo's callback, so JAX's frames would be traced otherwise).
     for name in ("lazyrt", "kernels_pallas", "jax", "jaxlib", "ml_dtypes", "cachetools"):
@@ -86,3 +91,47 @@ def skip_lazyrt_frames() -> int:
                 set_code_exec_strategy(code, strategy)
                 n += 1
     return n
+
+
+def _is_tpu_backend(backend) -> bool:
+    backend = getattr(backend, "compiler_fn", backend)  # torch._TorchCompileWrapper
+    return getattr(backend, "__name__", "") == "tpu_backend" or getattr(backend, "tpu", False)
+
+
+_SHAPE = re.compile(r"size mismatch|stride mismatch|dim\(\)|\.size\(\)|\.stride\(\)")
+_VALUE = re.compile(r"(\S+) == (-?[\d.]+|True|False)\b")
+
+
+def recompile_hint(reason: str) -> str:
+    """What to do about a recompile whose guard failure is ``reason`` (Dynamo's text)."""
+    if _SHAPE.search(reason):
+        return ("a tensor's shape changed: the tpu backend compiles static shapes, one graph "
+                "per shape. Pad inputs to a few fixed sizes; for generation use a static KV "
+                "cache (cache_implementation='static').")
+    m = _VALUE.search(reason)
+    if m:
+        return (f"the value of {m.group(1)} changed and Dynamo kept it a constant "
+                "(torch.compile(dynamic=False), or the value sets a tensor's size or "
+                "controls Python branches). With dynamic=None, the default, a Python scalar "
+                "that changes becomes a runtime input; or pass it as a tensor.")
+    return "see TORCH_LOGS=recompiles for every recompile's reason."
+
+
+def recompile_limit_hit(backend, code, reason, limit_type) -> None:
+    """Dynamo's recompile limit was hit for the frame of ``code`` (``_patches``): for tpu
+    work, say so, with the cause, from the user's function's line."""
+    if not _is_tpu_backend(backend):
+        return
+    import torch._dynamo.config as dconfig
+
+    reason = " ".join((reason or "unknown").split())
+    reason = reason.split("#")[0].strip()  # Dynamo appends the source line after '#'
+    where = f"'{code.co_name}'" if code is not None else "a function"
+    msg = (f"lazyrt: torch.compile on tpu hit Dynamo's {limit_type} "
+           f"({getattr(dconfig, limit_type, '?')}) for {where}; it now runs eagerly (one "
+           f"program per op, much slower). Last recompile: {reason}. Cause: "
+           f"{recompile_hint(reason)}")
+    if code is None:
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    else:
+        warnings.warn_explicit(msg, RuntimeWarning, code.co_filename, code.co_firstlineno)

@@ -21,7 +21,6 @@ import operator
 import jax
 import jax.numpy as jnp
 import torch
-from torch._ops import OpOverload
 
 from .._base import dtypes as _dtypes
 from .._base import rng as _rng
@@ -30,11 +29,14 @@ from .._base.metrics import COUNTERS
 from .._base.tensor import Storage, TpuTensor
 from .._exec import defer as _defer
 from .._exec.values import concrete, host_to_device, new_tensor, run, write
-from .._ops.args import rebuild, spec_of_meta, template, walk
+from .._ops.args import rebuild, template
 from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
+from .nodes import Unsupported, check_graph, is_check, is_tpu_meta, meta_val, out_spec, structure
+from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concretize, free_symbols
+from .symbolic import walk_node_arg as _walk_arg
 
 _X64 = jax.enable_x64
 
@@ -47,52 +49,13 @@ def _abstract(shape, dtype, ref, refs: dict):
     return a
 
 
-def _meta_val(node):
-    return node.meta.get("val")
-
-
-def _is_tpu_meta(v) -> bool:
-    return isinstance(v, torch.Tensor) and v.device.type == "tpu"
-
-
 _COPY_ = torch.ops.aten.copy_.default
-
-
-class Unsupported(Exception):
-    """The graph cannot run as one lazyrt program; it runs eagerly."""
-
-
-def _is_check(node) -> bool:
-    """``with_effects(token, aten._linalg_check_errors, info, ...)``: PyTorch's linalg error
-    check, an effect in AOT graphs."""
-    return (node.target is torch.ops.higher_order.with_effects
-            and node.args[1] is torch.ops.aten._linalg_check_errors.default)
-
-
-def _check_graph(gm) -> str | None:
-    """Why ``gm`` must run eagerly, or None."""
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
-            continue
-        if node.op != "call_function":
-            return f"{node.op} node {node.name}"
-        t = node.target
-        if t is operator.getitem:
-            continue
-        if _is_check(node):
-            continue
-        if not isinstance(t, OpOverload):
-            return f"{t} ({node.name}) is not an ATen op"
-        vals = _meta_val(node)
-        flat = vals if isinstance(vals, (list, tuple)) else [vals]
-        if any(isinstance(v, torch.Tensor) and v.device.type not in ("tpu", "cpu")
-               for v in flat):
-            return f"{node.name} makes a tensor on another device"
-    return None
 
 
 # The flush of a compiled graph that runs alone (``_defer.isolated``).
 ALONE = "a compiled graph that runs alone (its surroundings kept recompiling)"
+# The flush of the work pending before a graph's first call.
+FIRST = "before a compiled graph's first call"
 
 
 class GraphProgram:
@@ -102,33 +65,41 @@ class GraphProgram:
         self.gm = gm
         self.kind = kind
         self.name = f"compiled_{kind}"
-        self.reason = _check_graph(gm)
+        self.reason = check_graph(gm)
+        self.symbols = GraphSymbols(gm)
         self.plans: dict = {}
         COUNTERS["compiled_graphs"] += 1
 
     def __call__(self, *args):
         COUNTERS["compiled_calls"] += 1
-        if self.reason is None:
+        while self.reason is None:
             vals: list = []
             scal: list = []
+            rt = self.symbols.runtime_inputs
             try:
-                key = tuple([_input_key(a, vals, scal) for a in args])
+                if rt:  # runtime ints: fed to the program, not part of the key
+                    key = tuple([int if i in rt else _input_key(a, vals, scal)
+                                 for i, a in enumerate(args)])
+                else:
+                    key = tuple([_input_key(a, vals, scal) for a in args])
             except RuntimeError as ex:  # a CPU tensor input of the whole graph
                 self.reason = str(ex)
-            else:
-                plan = self.plans.get(key)
-                if plan is None:
-                    plan = self._plan(args, vals, scal)
-                    self.plans[key] = plan
-                if isinstance(plan, _GraphPlan):
-                    return plan.call(args, vals, scal)
+                break
+            plan = self.plans.get(key)
+            if plan is None:
+                try:
+                    plan = _GraphPlan(self, args, vals, scal)
+                except Specialize as ex:  # constants from now on: plan again
+                    self.symbols.make_static(ex.symbols)
+                    self.plans.clear()
+                    continue
+                except Unsupported as ex:
+                    plan = str(ex)
+                self.plans[key] = plan
+            if isinstance(plan, _GraphPlan):
+                return plan.call(args, vals, scal)
+            break
         return self._eager(args)
-
-    def _plan(self, args, vals, scal):
-        try:
-            return _GraphPlan(self, args, vals, scal)
-        except Unsupported as ex:
-            return str(ex)
 
     def _eager(self, args):
         COUNTERS["compiled_eager_calls"] += 1
@@ -148,6 +119,9 @@ class _GraphPlan:
 
     def __init__(self, gp: GraphProgram, args, vals, scal):
         gm = gp.gm
+        # symbol -> value: runtime ones only as examples for meta kernels (``symbolic``)
+        self.subs = gp.symbols.values(args)
+        self.static_syms = gp.symbols.static
         n_arr, n_f = len(vals), len(scal)
         # NOTE: a CPU tensor input has no device value (``_input_key``): None in the
         # template; the plan reads it on the host (``_host_ref``)
@@ -158,8 +132,11 @@ class _GraphPlan:
         # NOTE: a 0-d floating or bool host value (the optimizer's bias corrections) enters
         # as a runtime scalar, not a device_put (~1 us against ~100 us per value)
         self.host_scalars: list = []  # (host ref, dtype)
+        # host refs of the graph's symbolic scalars, runtime inputs: (ref, "i" or "f")
+        self.host_rt: list = []
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
         self.checks: list = []  # linalg error checks, run on the host after the program
+        self.first = True  # not called yet
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
         self.mut_refs: list = []  # (input index, its new value's ref)
@@ -171,7 +148,7 @@ class _GraphPlan:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for i, node in enumerate(placeholders):
             env[node] = ("in", i)
-        self.host_in = {i for i, n in enumerate(placeholders) if not _is_tpu_meta(_meta_val(n))}
+        self.host_in = {i for i, n in enumerate(placeholders) if not is_tpu_meta(meta_val(n))}
         out_node = None
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -186,11 +163,11 @@ class _GraphPlan:
                 src, idx = node.args
                 env[node] = ("get", env[src], idx)
                 continue
-            if _is_check(node):
+            if is_check(node):
                 # NOTE: the check reads its info values on the host after the program ran
                 # (a sync, as in eager); its effect token is None at run time.
                 _, op, info, *rest = node.args
-                self.checks.append((resolve(op).fn, env[info], _meta_val(info), rest,
+                self.checks.append((resolve(op).fn, env[info], meta_val(info), rest,
                                     dict(node.kwargs)))
                 env[node] = ("py", (None, None))
                 continue
@@ -225,31 +202,35 @@ class _GraphPlan:
             elif self._is_host(ref) or ref[0] in ("cpu", "py"):
                 self.outs.append(("host", ref))
             else:
-                v = _meta_val(o)
-                if not _is_tpu_meta(v):
+                v = meta_val(o)
+                if not is_tpu_meta(v):
                     raise Unsupported(f"graph output {o.name} is not a tpu tensor")
-                spec = _out_spec(v)
+                spec = self._spec(v)
                 self.outs.append(("prog", prog_out(ref, spec), spec))
         # then the mutated inputs' new values, then the checks' infos
-        self.muts = [(i, prog_out(ref, _out_spec(_meta_val(placeholders[i]))))
+        self.muts = [(i, prog_out(ref, self._spec(meta_val(placeholders[i]))))
                      for i, ref in self.mut_refs]
         self.check_outs = []
         for _, ref, v, _, _ in self.checks:
-            spec = _out_spec(v)
+            spec = self._spec(v)
             self.check_outs.append((prog_out(ref, spec), spec))
         out_avals = tuple(out_avals)
         n_c, n_h = len(consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
-        n_hs = len(self.host_scalars)
+        n_hs, n_hi = len(self.host_scalars), len(self.host_rt)
         hs_dtypes = [dt for _, dt in self.host_scalars]
+        rt_ints = [k == "i" for _, k in self.host_rt]
 
         def graph_fn(*flat):
             inputs = rebuild(tpl, iter(flat[:n_arr]), iter(flat[n_in:n_in + n_f]))
             const_vals = flat[n_arr:n_arr + n_c]
             host_vals = flat[n_arr + n_c:n_in]
-            host_scal = [jnp.asarray(x, dt) for x, dt in
-                         zip(flat[n_in + n_f:n_in + n_f + n_hs], hs_dtypes)]
-            seeds = iter(flat[n_in + n_f + n_hs:])
+            o = n_in + n_f
+            host_scal = [jnp.asarray(x, dt) for x, dt in zip(flat[o:o + n_hs], hs_dtypes)]
+            # NOTE: a runtime float stays as it comes (weak-typed, as in eager)
+            host_rt = [jnp.asarray(x, jnp.int64) if i else x
+                       for x, i in zip(flat[o + n_hs:o + n_hs + n_hi], rt_ints)]
+            seeds = iter(flat[o + n_hs + n_hi:])
             results = []
 
             def value(ref):
@@ -264,17 +245,21 @@ class _GraphPlan:
                     return host_vals[ref[1]]
                 if kind == "hosts":
                     return host_scal[ref[1]]
+                if kind == "hostr":
+                    return host_rt[ref[1]]
                 if kind == "get":
                     return value(ref[1])[ref[2]]
                 return ref[1]  # "py": a Python value
 
             for plan, refs, floats, random in steps:
                 ins = [value(r) for r in refs]
+                floats = [value(f.ref) if type(f) is Slot else f for f in floats]
                 extra = [next(seeds)] if random else []
-                results.append(_structure(plan, plan.prog.fn(*ins, *floats, *extra)))
+                results.append(structure(plan, plan.prog.fn(*ins, *floats, *extra)))
             return tuple(value(r) for r in prog_outs)
 
-        kinds = ("f",) * (n_f + n_hs) + ("i",) * self.n_random
+        kinds = ("f",) * (n_f + n_hs) + tuple(k for _, k in self.host_rt) + (
+            ("i",) * self.n_random)
         self.prog = Prog(gp.name, graph_fn, kinds, out_avals,
                          desc=f"{len(steps)} ops", op=None)
         self.prog.graph = True
@@ -295,12 +280,21 @@ class _GraphPlan:
             return self._is_host(ref[1])
         return kind in ("host", "cpu", "py") or (kind == "in" and ref[1] in self.host_in)
 
+    def _spec(self, v) -> tuple:
+        """A tensor node value's (shape, stride, dtype, 0), symbols made concrete."""
+        return concretize(out_spec(v), self.subs)
+
+    def _is_static(self, v) -> bool:
+        return free_symbols(v) <= self.static_syms
+
     def _host_node(self, node, env):
         """A node computing on the host (CPU inputs, CPU output): its ref, folded to a
         constant when its inputs are constants; None for a device node."""
-        v = _meta_val(node)
+        v = meta_val(node)
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) and self._is_static(v):
+            return ("py", concretize(v, self.subs))
         flat = v if isinstance(v, (list, tuple)) else [v]
-        if any(_is_tpu_meta(x) for x in flat):
+        if any(is_tpu_meta(x) for x in flat):
             return None
         ins = [a for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
                if isinstance(a, torch.fx.Node)]
@@ -330,8 +324,9 @@ class _GraphPlan:
                 raise Unsupported(f"{node.name} copies a device value into a CPU input")
             self.host_muts.append((i, sref))
             return sref
-        dv, sv = _meta_val(dst), _meta_val(src)
-        if not (_is_tpu_meta(sv) and sv.shape == dv.shape and sv.dtype == dv.dtype):
+        dv, sv = meta_val(dst), meta_val(src)
+        if not (is_tpu_meta(sv) and self._spec(sv)[0] == self._spec(dv)[0]
+                and sv.dtype == dv.dtype):
             # a cast, a broadcast or a host value: aten.copy makes the new value
             sref = ("node", len(steps))
             steps.append(self._step(node, env, op=torch.ops.aten.copy.default))
@@ -353,22 +348,45 @@ class _GraphPlan:
             self._host_slot[ref] = slot
         return slot
 
+    def _host_scalar(self, ref, kind):
+        """The device program's ref for runtime scalar ``ref`` (a symbolic int, ``kind``
+        "i", or float, "f", computed on the host), entering once."""
+        slot = self._host_slot.get(ref)
+        if slot is None:
+            self.host_rt.append((ref, kind))
+            slot = self._host_slot[ref] = ("hostr", len(self.host_rt) - 1)
+        return slot
+
     def _step(self, node, env, op=None):
         op = node.target if op is None else op
         e = resolve(op)
         if e.fn is None or e.data_dependent or e.mut:
             raise Unsupported(f"{op} ({e.resolution.how}) cannot be part of a compiled program")
         abstract_refs: dict = {}
+        runtime: dict = {}  # id(runtime scalar) -> (its Slot, its symbols, itself)
 
         def abstract(a):
             if isinstance(a, torch.fx.Node):
                 ref = env[a]
                 if ref[0] in ("cpu", "py"):
                     return ref[1]
-                v = _meta_val(a)
+                v = meta_val(a)
+                if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+                    if self._is_static(v):
+                        return concretize(v, self.subs)
+                    if isinstance(v, torch.SymBool):
+                        raise Specialize(free_symbols(v))
+                    # NOTE: a runtime float is a float object of its own, found by identity
+                    # among the plan's scalars
+                    fl = isinstance(v, torch.SymFloat)
+                    r = float(concretize(v, self.subs)) if fl else RuntimeInt(
+                        concretize(v, self.subs))
+                    slot = Slot(self._host_scalar(ref, "f" if fl else "i"))
+                    runtime[id(r)] = (slot, free_symbols(v), r)
+                    return r
                 if not isinstance(v, torch.Tensor):
                     raise Unsupported(f"{a.name} is not a tensor")
-                spec = _out_spec(v)
+                spec = self._spec(v)
                 if self._is_host(ref):
                     ref = self._host_ref(ref, spec)
                 aval = _abstract(spec[0], _dtypes.to_jax(spec[2]), ref, abstract_refs)
@@ -386,14 +404,19 @@ class _GraphPlan:
         vals: list = []
         scal: list = []
         dyn = not e.static_floats
+        if runtime and not dyn and any(type(r) is float for _, _, r in runtime.values()):
+            raise Specialize(set().union(*(s for _, s, _ in runtime.values())))
         for a in args:
-            walk(e, a, vals, scal, dyn)
+            _walk_arg(e, a, vals, scal, dyn)
         for v in kwargs.values():
-            walk(e, v, vals, scal, dyn)
+            _walk_arg(e, v, vals, scal, dyn)
         try:
             plan = make_plan(e, args, kwargs, vals, scal, fold=False)
         except Exception as ex:  # eager raises PyTorch's own error for this node
+            if runtime:  # perhaps only as a runtime int: try these symbols as constants
+                raise Specialize(set().union(*(s for _, s, _ in runtime.values()))) from ex
             raise Unsupported(f"{op}: {type(ex).__name__}: {ex}") from ex
+        scal = [runtime[id(x)][0] if id(x) in runtime else x for x in scal]
         refs = []
         for v in vals:
             if id(v) in abstract_refs:
@@ -419,11 +442,22 @@ class _GraphPlan:
         hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
         inputs = vals + self.consts + hv
         hs = [float(_host_value(r, host, args)) for r, _ in self.host_scalars]
+        hs += [int(_host_value(r, host, args)) if k == "i" else float(_host_value(r, host, args))
+               for r, k in self.host_rt]
         scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
         alone = _defer.isolated(self.prog)
         if alone:
             flush_pending("before a compiled graph that runs alone")
+        elif self.first:
+            self.first = False
+            if not _defer.holds_graph():
+                # NOTE: what is pending before a graph's first call (work done once, such
+                # as parameter transfers, and what Dynamo's tracing made) runs on its own:
+                # fused with it, the first call's program would differ from every later
+                # call's. Not when the trace holds a graph already (a training step's
+                # backward graph after its forward): the step must stay one program.
+                flush_pending(FIRST)
         outs = run(self.prog, inputs, scal)
         res = []
         for o in self.outs:
@@ -448,30 +482,3 @@ class _GraphPlan:
         for (fn, _, _, rest, kw), info in zip(self.checks, infos):
             fn(concrete(info), *rest, **kw)
         return res
-
-
-def _out_spec(v) -> tuple:
-    shape, stride, dtype, _ = spec_of_meta(v)
-    return (shape, stride, dtype, 0)
-
-
-def _structure(plan, flat):
-    """A node plan's flat outputs in the shape of the op's returns."""
-    layout = plan.layout
-    if layout.single is not None:
-        return flat[0]
-    res, i = [], 0
-    for s, k in zip(layout.fresh, layout.kinds):
-        if k == "TL":
-            res.append(list(flat[i:i + len(s)]))
-            i += len(s)
-        elif k == "T":
-            if s is None:
-                res.append(None)
-            else:
-                res.append(flat[i])
-                i += 1
-        else:
-            res.append(s)
-    return res[0] if layout.n_returns == 1 else tuple(res)
-

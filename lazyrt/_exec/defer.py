@@ -87,6 +87,11 @@ def pending_count() -> int:
 register_gauge("pending_ops", pending_count)
 
 
+def holds_graph() -> bool:
+    """Whether the pending trace holds a compiled graph (``Prog.graph``)."""
+    return any(p.graph for p in _trace.nodes)
+
+
 _TLS = threading.local()
 
 
@@ -321,7 +326,8 @@ def _scalar_struct(n: int):
 
 
 def _explain(tr: Trace, src: str) -> None:
-    if not _exes.count() or _history["compiles"] < 2:
+    """From the first recompile on: nothing is cached only before the first compile."""
+    if not _exes.count():
         return
     cached = _exes.recent(32)
     print(explain(tr, src, cached), file=sys.stderr)

@@ -73,38 +73,89 @@ def graph_text(tr: Trace, only=None) -> str:
     return "\n".join(lines)
 
 
+# Explanations stay short: one op's text is clipped to this many characters around where
+# it differs (a ``_foreach_*`` node over 200 tensors is several KB on one line).
+_WIDTH = 120
+
+
+def _differing(old: str, new: str) -> tuple[str, str]:
+    """``old`` and ``new`` cut to where they differ, with a little context either side."""
+    n = min(len(old), len(new))
+    p = 0
+    while p < n and old[p] == new[p]:
+        p += 1
+    q = 0
+    while q < n - p and old[-1 - q] == new[-1 - q]:
+        q += 1
+    ctx = 30
+
+    def cut(s):
+        a, b = max(0, p - ctx), min(len(s), len(s) - q + ctx)
+        out = ("..." if a else "") + s[a:b] + ("..." if b < len(s) else "")
+        return out if len(out) <= _WIDTH else out[:_WIDTH - 3] + "..."
+
+    return cut(old), cut(new)
+
+
+def _op_name(text: str) -> str:
+    return text.split("(", 1)[0].split("[", 1)[0]
+
+
 def explain(tr: Trace, src: str, cached) -> str:
-    """Why ``tr`` recompiles: how it differs from the closest of the ``cached``
-    executables (each with ``desc``, the ``describe`` of its trace, and ``src``)."""
+    """Why ``tr`` recompiles: its first difference from the closest of the ``cached``
+    executables (each with ``desc``, the ``describe`` of its trace, and ``src``), with the
+    user's source line that recorded the op, in a few short lines. Traces are aligned by
+    their ops' names; an aligned op whose text differs (shapes, static arguments) is a
+    difference too."""
     desc = describe(tr)
-    best, best_ratio = None, -1.0
+    names = [_op_name(d) for d in desc]
+    best, best_key = None, None
     for exe in cached:
-        r = difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio()
-        if r > best_ratio:
-            best, best_ratio = exe, r
-    lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush triggered at {src})"]
+        old_names = [_op_name(d) for d in exe.desc]
+        key = (difflib.SequenceMatcher(a=old_names, b=names, autojunk=False).ratio(),
+               difflib.SequenceMatcher(a=exe.desc, b=desc, autojunk=False).ratio())
+        if best_key is None or key > best_key:
+            best, best_key, best_names = exe, key, old_names
+    lines = [f"lazyrt: recompiling a trace of {len(desc)} ops (flush at {src})"]
     if best is None:
         lines.append("  no cached trace to compare with")
+        return "\n".join(lines)
+    closest = (f"closest cached trace: {len(best.desc)} ops, {best_key[1]:.0%} similar, "
+               f"compiled for the flush at {best.src}")
+    if best_key[0] < 0.5:
+        first = tr.srcs[0] if tr.srcs else "an unknown line"
+        lines.append(f"  a new trace, first op {names[0] if names else '-'} recorded at {first}")
+        lines.append(f"  ({closest})")
+        return "\n".join(lines)
+    diffs = []  # (index in the new trace, old text or None, new text or None)
+    sm = difflib.SequenceMatcher(a=best_names, b=names, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            diffs += [(j1 + k, best.desc[i1 + k], desc[j1 + k]) for k in range(i2 - i1)
+                      if best.desc[i1 + k] != desc[j1 + k]]
+            continue
+        for k in range(max(i2 - i1, j2 - j1)):
+            old = best.desc[i1 + k] if i1 + k < i2 else None
+            new = desc[j1 + k] if j1 + k < j2 else None
+            diffs.append((j1 + k if new is not None else j1, old, new))
+    if not diffs:
+        lines.append("  same ops as a cached trace; its live outputs or donated inputs differ "
+                     f"(cached for the flush at {best.src})")
+        return "\n".join(lines)
+    # the first op of this trace that differs (it has a source line); an op only the
+    # cached trace had is named when nothing else differs
+    j, old, new = next((d for d in diffs if d[2] is not None), diffs[0])
+    where = tr.srcs[j] if j < len(tr.srcs) else "an unknown line"
+    if old is not None and new is not None:
+        was, now = _differing(old, new)
+        lines.append(f"  first difference: op {j} {names[j]}, recorded at {where}")
+        lines.append(f"    was {was}")
+        lines.append(f"    now {now}")
+    elif new is not None:
+        lines.append(f"  first difference: op {j} {names[j]} is new, recorded at {where}")
     else:
-        lines.append(f"  closest cached trace: {len(best.desc)} ops, {best_ratio:.0%} similar "
-                     f"(compiled for the flush at {best.src})")
-        sm = difflib.SequenceMatcher(a=best.desc, b=desc, autojunk=False)
-        shown = 0
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
-            if tag == "equal":
-                continue
-            for k in range(max(i2 - i1, j2 - j1)):
-                old = best.desc[i1 + k] if i1 + k < i2 else "-"
-                new = desc[j1 + k] if j1 + k < j2 else "-"
-                where = tr.srcs[j1 + k] if j1 + k < j2 and j1 + k < len(tr.srcs) else ""
-                lines.append(f"  op {j1 + k}: was {old}\n          now {new}"
-                             + (f"  ({where})" if where else ""))
-                shown += 1
-                if shown >= 8:
-                    break
-            if shown >= 8:
-                lines.append("  ...")
-                break
-        if shown == 0:
-            lines.append("  same ops; the set of live outputs or donated inputs differs")
+        lines.append(f"  first difference: the cached trace's {_op_name(old)} before op {j} is "
+                     "gone")
+    more = f"{len(diffs) - 1} more ops differ; " if len(diffs) > 1 else ""
+    lines.append(f"  ({more}{closest})")
     return "\n".join(lines)

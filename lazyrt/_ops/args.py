@@ -29,6 +29,7 @@ class _Marker:
 
 TSLOT = _Marker("<tensor>")  # template: a tensor input
 FSLOT = _Marker("<float>")  # template: a runtime float
+ISLOT = _Marker("<int>")  # template: a runtime int (``RuntimeInt``)
 GSLOT = _Marker("<rng>")  # template: the PRNG key (from a runtime seed)
 _B1 = _Marker("True")
 _B0 = _Marker("False")
@@ -36,6 +37,14 @@ _FLOAT = float  # key marker of a runtime float
 
 # Ops that take CPU tensors of any rank (everything else: 0-d CPU tensors only).
 _ALLOW_CPU = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "_to_copy"}
+
+
+class RuntimeInt(int):
+    """An int argument that is a runtime input of the plan (a symbolic int of a compiled
+    graph: ``_compile``), not a static argument; its value is an example (meta kernels
+    get it). Plans of eager ops never see one: ``walk`` keys it as a static int."""
+
+    __slots__ = ()
 
 
 class TracingArgument(Exception):
@@ -105,6 +114,8 @@ def template(a, dyn: bool, fold: bool = True):
         return TSLOT
     if type(a) is float and dyn:
         return FSLOT
+    if type(a) is RuntimeInt:
+        return ISLOT
     if type(a) is list:
         return [template(x, dyn, fold) for x in a]
     if type(a) is tuple:
@@ -118,7 +129,7 @@ def rebuild(tpl, it_arr, it_sc):
     """Arguments for the lowering: ``tpl`` with its slots filled from the iterators."""
     if tpl is TSLOT:
         return next(it_arr)
-    if tpl is FSLOT:
+    if tpl is FSLOT or tpl is ISLOT:
         return next(it_sc)
     if type(tpl) is ViewSlot:
         return apply_chain(tpl.chain, next(it_arr))
@@ -169,6 +180,8 @@ def to_meta(a):
         return _META
     if isinstance(a, torch.Generator):
         return None
+    if type(a) is RuntimeInt:
+        return int(a)
     return a
 
 

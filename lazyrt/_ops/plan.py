@@ -24,7 +24,17 @@ from .._base import rng as _rng
 from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import contiguous_spec
-from .args import GSLOT, arg, rebuild, spec_of_meta, static_desc, template, to_meta, walk
+from .args import (
+    GSLOT,
+    RuntimeInt,
+    arg,
+    rebuild,
+    spec_of_meta,
+    static_desc,
+    template,
+    to_meta,
+    walk,
+)
 
 _X64 = jax.enable_x64
 _INSERT_LOCK = threading.Lock()
@@ -232,7 +242,8 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     if random:
         tpl_kwargs["generator"] = GSLOT
     n_arr = len(vals)
-    scalar_kinds = tuple("f" for _ in scal) + (("i",) if random else ())
+    scalar_kinds = tuple("i" if type(s) is RuntimeInt else "f" for s in scal) + (
+        ("i",) if random else ())
 
     def call(*flat):
         arrs = iter(flat[:n_arr])

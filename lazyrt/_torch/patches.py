@@ -240,12 +240,16 @@ PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _tpu_generators, _accelerator_api, _load_to_tpu)
 
 
-def install_dynamo() -> None:
+def install_dynamo(on_recompile_limit) -> None:
     """At the first compile: Dynamo treats a ``TpuTensor`` as a tensor (it wraps only plain
     tensors and traceable wrapper subclasses by default, so every tpu op graph-broke with
     "Dynamo does not know how to trace builtin operator `matmul` with argument types
     ['TpuTensor', ...]"). ``VariableBuilder._type_dispatch()`` is Dynamo's cached map from
-    exact type to wrapper (torch/_dynamo/variables/builder.py, torch 2.13)."""
+    exact type to wrapper (torch/_dynamo/variables/builder.py, torch 2.13).
+
+    Tpu tensors keep static shapes under automatic dynamic (Python scalars do not), and
+    ``on_recompile_limit(backend, code, reason, limit_type)`` hears of every frame that hit
+    Dynamo's recompile limit (``_compile.dynamo``)."""
     import torch._dynamo
     import torch._dynamo.variables.builder as builder
     from torch._dynamo.variables.builder import VariableBuilder
@@ -264,6 +268,50 @@ def install_dynamo() -> None:
     # LSTM/GRU are traced into the graph rather than graph-broken, as TorchTPU does
     # (process-wide Dynamo config, set at the first tpu compile).
     torch._dynamo.config.allow_rnn = True
+    _static_tpu_shapes(builder)
+    _recompile_limit_hook(on_recompile_limit)
+
+
+def _static_tpu_shapes(builder) -> None:
+    """A tpu tensor's shape is never made dynamic (TorchTPU compiles static shapes), while
+    Dynamo's automatic dynamic still turns a Python int or float that changed between
+    calls into a graph input. ``tensor_always_has_static_shape`` is what Dynamo asks, by
+    this module-global name, before it gives a tensor symbolic sizes (torch 2.13; it
+    already says yes for ``nn.Parameter``s)."""
+    from torch._dynamo.utils import TensorStaticReason
+
+    static = builder.tensor_always_has_static_shape
+
+    def tensor_always_has_static_shape(tensor, is_tensor, tensor_source):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            return True, TensorStaticReason.PARAMETER
+        return static(tensor, is_tensor, tensor_source)
+
+    builder.tensor_always_has_static_shape = tensor_always_has_static_shape
+
+
+def _recompile_limit_hook(hook) -> None:
+    """``convert_frame.exceeds_recompile_limit`` (a module-global name there, torch 2.13)
+    answers whether a frame's next compile would pass the limit; when it does, Dynamo runs
+    the frame eagerly from then on. Its caller, ``_compile``, holds the backend
+    (``compiler_fn``), the frame's ``code`` and the guard failure (``recompile_reason``)."""
+    import sys
+
+    from torch._dynamo import convert_frame
+    from torch._dynamo.eval_frame import innermost_backend
+
+    exceeds = convert_frame.exceeds_recompile_limit
+
+    def exceeds_recompile_limit(cache_size, compile_id):
+        exceeded, limit_type = exceeds(cache_size, compile_id)
+        if exceeded:
+            caller = sys._getframe(1).f_locals
+            fn = caller.get("compiler_fn")
+            hook(innermost_backend(fn) if fn is not None else None, caller.get("code"),
+                 caller.get("recompile_reason"), limit_type)
+        return exceeded, limit_type
+
+    convert_frame.exceeds_recompile_limit = exceeds_recompile_limit
 
 
 def install(compile_rule) -> None:
