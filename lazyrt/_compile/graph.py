@@ -69,6 +69,11 @@ def _is_check(node) -> bool:
             and node.args[1] is torch.ops.aten._linalg_check_errors.default)
 
 
+# ``torch._assert_async``: its condition is a program output, handed to the eager op after
+# the program (checked at the next sync point, ``_exec.asserts``), as a linalg check's info.
+_ASSERTS = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
+
+
 def _check_graph(gm) -> str | None:
     """Why ``gm`` must run eagerly, or None."""
     for node in gm.graph.nodes:
@@ -79,7 +84,7 @@ def _check_graph(gm) -> str | None:
         t = node.target
         if t is operator.getitem:
             continue
-        if _is_check(node):
+        if _is_check(node) or t in _ASSERTS:
             continue
         if not isinstance(t, OpOverload):
             return f"{t} ({node.name}) is not an ATen op"
@@ -159,7 +164,9 @@ class _GraphPlan:
         # as a runtime scalar, not a device_put (~1 us against ~100 us per value)
         self.host_scalars: list = []  # (host ref, dtype)
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
-        self.checks: list = []  # linalg error checks, run on the host after the program
+        # linalg error checks and asserts, ``(call, info ref, info meta, args, kwargs)``:
+        # ``call(info tensor, *args, **kwargs)`` after the program
+        self.checks: list = []
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
         self.mut_refs: list = []  # (input index, its new value's ref)
@@ -190,9 +197,15 @@ class _GraphPlan:
                 # NOTE: the check reads its info values on the host after the program ran
                 # (a sync, as in eager); its effect token is None at run time.
                 _, op, info, *rest = node.args
-                self.checks.append((resolve(op).fn, env[info], _meta_val(info), rest,
-                                    dict(node.kwargs)))
+                self.checks.append((_host_check(resolve(op).fn), env[info], _meta_val(info),
+                                    rest, dict(node.kwargs)))
                 env[node] = ("py", (None, None))
+                continue
+            if node.target in _ASSERTS:
+                info, *rest = node.args
+                self.checks.append((node.target, env[info], _meta_val(info), rest,
+                                    dict(node.kwargs)))
+                env[node] = ("py", None)
                 continue
             if node.target is _COPY_ and node.args[0].op == "placeholder":
                 env[node] = self._input_mutation(node, env, steps)
@@ -438,9 +451,18 @@ class _GraphPlan:
         infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
         if alone:
             flush_pending(ALONE)
-        for (fn, _, _, rest, kw), info in zip(self.checks, infos):
-            fn(concrete(info), *rest, **kw)
+        for (call, _, _, rest, kw), info in zip(self.checks, infos):
+            call(info, *rest, **kw)
         return res
+
+
+def _host_check(fn):
+    """A linalg check: ``fn`` reads its info on the host (a sync, as in eager)."""
+
+    def call(info, *args, **kwargs):
+        return fn(concrete(info), *args, **kwargs)
+
+    return call
 
 
 def _out_spec(v) -> tuple:

@@ -22,6 +22,7 @@ from .._base.config import config
 from .._base.ir import Pending, Prog
 from .._base.metrics import COUNTERS
 from .._base.tensor import Storage, TpuTensor, contiguous_spec
+from . import asserts as _asserts
 from . import defer as _defer
 from . import strict as _strict
 from . import views as _views
@@ -153,6 +154,7 @@ def to_host(arr) -> np.ndarray:
     t0 = time.perf_counter()
     host = np.asarray(arr)
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
+    _asserts.check()  # a host read is a sync point
     return host
 
 
