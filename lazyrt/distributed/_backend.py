@@ -26,7 +26,8 @@ from ._pgutil import (
     _rt_slice,
     _split,
     _stack,
-    reduce_op_name,
+    premul,
+    reduce_op,
 )
 
 
@@ -113,10 +114,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
             o = dist.AllreduceOptions()
             o.reduceOp = op
             return self._host("all_reduce").allreduce(list(tensors), o)
-        name = reduce_op_name(op)
+        name, factor = reduce_op(op)
         for t in tensors:
-            (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())), [t],
-                               "all_reduce")
+            (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())),
+                               [premul(t, factor)], "all_reduce")
             _rt.write(t, v)
         return _done(list(tensors))
 
@@ -198,14 +199,14 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _split(output_tensors):
             return self._host("reduce_scatter").reduce_scatter(
                 output_tensors, input_tensors, opts or dist.ReduceScatterOptions())
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         n = self.size()
         for out, ins in zip(output_tensors, input_tensors):
             if len(ins) != n:
                 raise ValueError(f"lazyrt: reduce_scatter needs {n} input tensors, got {len(ins)}")
             for i in ins:
                 _check_same(out, i, "reduce_scatter")
-            stacked = _stack(ins)
+            stacked = premul(_stack(ins), factor)
             (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [stacked])
             _rt.write(out, _reshape(v, tuple(out.shape)))
         return _done(output_tensors)
@@ -222,10 +223,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if input.numel() != n * output.numel():
             raise ValueError(f"lazyrt: reduce_scatter_tensor input has {input.numel()} elements, "
                              f"expected {n} x {output.numel()}")
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = input if input.dim() >= 1 and input.shape[0] == n * (output.shape[0] if output.dim() else 1) \
             else input.reshape(n * output.numel())
-        (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [flat],
+        (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [premul(flat, factor)],
                            "reduce_scatter_tensor")
         _rt.write(output, _reshape(v, tuple(output.shape)))
         return _done([output])
@@ -353,10 +354,10 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _split(tensors):
             return self._host("reduce").reduce(list(tensors), opts or dist.ReduceOptions())
         dst = self._root(opts.rootRank if opts is not None else 0)
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
             (v,) = _engine.run(self, "reduce", (("op", name), ("dst", dst), ("n", self.size())),
-                               [t])
+                               [premul(t, factor)])
             _rt.write(t, v)
         return _done(list(tensors))
 
