@@ -34,6 +34,7 @@ from .._ops.args import rebuild, spec_of_meta, template, walk
 from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
+from . import flex as _flex
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
 
 _X64 = jax.enable_x64
@@ -84,7 +85,7 @@ def _check_graph(gm) -> str | None:
         t = node.target
         if t is operator.getitem:
             continue
-        if _is_check(node) or t in _ASSERTS:
+        if _is_check(node) or t in _ASSERTS or t in _flex.HOPS:
             continue
         if not isinstance(t, OpOverload):
             return f"{t} ({node.name}) is not an ATen op"
@@ -206,6 +207,13 @@ class _GraphPlan:
                 self.checks.append((node.target, env[info], _meta_val(info), rest,
                                     dict(node.kwargs)))
                 env[node] = ("py", None)
+                continue
+            if node.target in _flex.HOPS:
+                env[node] = ("node", len(steps))
+                try:
+                    steps.append(_flex.step(node, env, self))
+                except Exception as ex:  # eagerly, the HOP's tpu rule runs it
+                    raise Unsupported(f"{node.name}: {type(ex).__name__}: {ex}") from ex
                 continue
             if node.target is _COPY_ and node.args[0].op == "placeholder":
                 env[node] = self._input_mutation(node, env, steps)
@@ -366,6 +374,15 @@ class _GraphPlan:
             self._host_slot[ref] = slot
         return slot
 
+    def device_ref(self, a, env):
+        """The program's ref of tensor node ``a``: a CPU constant moves to the device once,
+        a host value enters as an input (a custom step's argument: ``_flex``)."""
+        ref = env[a]
+        if ref[0] == "cpu":
+            self.consts.append(host_to_device(ref[1]))
+            return ("const", len(self.consts) - 1)
+        return self._host_ref(ref, _out_spec(_meta_val(a))) if self._is_host(ref) else ref
+
     def _step(self, node, env, op=None):
         op = node.target if op is None else op
         e = resolve(op)
@@ -473,6 +490,8 @@ def _out_spec(v) -> tuple:
 def _structure(plan, flat):
     """A node plan's flat outputs in the shape of the op's returns."""
     layout = plan.layout
+    if layout is None:  # a step that returns its structure itself (``_flex``)
+        return flat
     if layout.single is not None:
         return flat[0]
     res, i = [], 0
