@@ -35,6 +35,8 @@ from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
 from . import flex as _flex
+from .checks import entry as check_entry
+from .checks import is_check
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
 
 _X64 = jax.enable_x64
@@ -63,18 +65,6 @@ class Unsupported(Exception):
     """The graph cannot run as one lazyrt program; it runs eagerly."""
 
 
-def _is_check(node) -> bool:
-    """``with_effects(token, aten._linalg_check_errors, info, ...)``: PyTorch's linalg error
-    check, an effect in AOT graphs."""
-    return (node.target is torch.ops.higher_order.with_effects
-            and node.args[1] is torch.ops.aten._linalg_check_errors.default)
-
-
-# ``torch._assert_async``: its condition is a program output, handed to the eager op after
-# the program (checked at the next sync point, ``_exec.asserts``), as a linalg check's info.
-_ASSERTS = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
-
-
 def _check_graph(gm) -> str | None:
     """Why ``gm`` must run eagerly, or None."""
     for node in gm.graph.nodes:
@@ -85,7 +75,7 @@ def _check_graph(gm) -> str | None:
         t = node.target
         if t is operator.getitem:
             continue
-        if _is_check(node) or t in _ASSERTS or t in _flex.HOPS:
+        if is_check(node) or t in _flex.HOPS:
             continue
         if not isinstance(t, OpOverload):
             return f"{t} ({node.name}) is not an ATen op"
@@ -165,9 +155,7 @@ class _GraphPlan:
         # as a runtime scalar, not a device_put (~1 us against ~100 us per value)
         self.host_scalars: list = []  # (host ref, dtype)
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
-        # linalg error checks and asserts, ``(call, info ref, info meta, args, kwargs)``:
-        # ``call(info tensor, *args, **kwargs)`` after the program
-        self.checks: list = []
+        self.checks: list = []  # linalg checks and asserts (``checks.entry``)
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
         self.mut_refs: list = []  # (input index, its new value's ref)
@@ -194,18 +182,8 @@ class _GraphPlan:
                 src, idx = node.args
                 env[node] = ("get", env[src], idx)
                 continue
-            if _is_check(node):
-                # NOTE: the check reads its info values on the host after the program ran
-                # (a sync, as in eager); its effect token is None at run time.
-                _, op, info, *rest = node.args
-                self.checks.append((_host_check(resolve(op).fn), env[info], _meta_val(info),
-                                    rest, dict(node.kwargs)))
-                env[node] = ("py", (None, None))
-                continue
-            if node.target in _ASSERTS:
-                info, *rest = node.args
-                self.checks.append((node.target, env[info], _meta_val(info), rest,
-                                    dict(node.kwargs)))
+            if is_check(node):
+                self.checks.append(check_entry(node, env))
                 env[node] = ("py", None)
                 continue
             if node.target in _flex.HOPS:
@@ -255,8 +233,8 @@ class _GraphPlan:
         self.muts = [(i, prog_out(ref, _out_spec(_meta_val(placeholders[i]))))
                      for i, ref in self.mut_refs]
         self.check_outs = []
-        for _, ref, v, _, _ in self.checks:
-            spec = _out_spec(v)
+        for _, ref, info, _, _ in self.checks:
+            spec = _out_spec(_meta_val(info))
             self.check_outs.append((prog_out(ref, spec), spec))
         out_avals = tuple(out_avals)
         n_c, n_h = len(consts), len(self.host_inputs)
@@ -471,15 +449,6 @@ class _GraphPlan:
         for (call, _, _, rest, kw), info in zip(self.checks, infos):
             call(info, *rest, **kw)
         return res
-
-
-def _host_check(fn):
-    """A linalg check: ``fn`` reads its info on the host (a sync, as in eager)."""
-
-    def call(info, *args, **kwargs):
-        return fn(concrete(info), *args, **kwargs)
-
-    return call
 
 
 def _out_spec(v) -> tuple:

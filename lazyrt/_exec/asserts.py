@@ -13,11 +13,11 @@ the ones that are computed and raises for the first that is false:
 The error is PyTorch's own (``RuntimeError`` with the op's message), followed by the op and
 the user's line that made the assert. A check is read once: after it raised, the asserts
 read with it are gone (how many more failed is in the message). Checks still unread when
-the process exits are read then, and a failure is printed, never dropped.
+the process exits are read then (``at_exit``, registered by ``_exec.values``), and a
+failure is printed, never dropped.
 """
 from __future__ import annotations
 
-import atexit
 import sys
 
 import numpy as np
@@ -68,19 +68,15 @@ def check() -> None:
         raise _error(bad[0][0], bad[0][1], len(bad) - 1)
 
 
-def _at_exit() -> None:
-    """Read what no sync point read (flushing what is still pending)."""
+def at_exit(materialize) -> None:
+    """Read what no sync point read, ``materialize`` (``_defer``'s) computing what is still
+    pending; a failure is printed (an exit handler cannot raise to the program)."""
     if not _checks:
         return
-    from . import defer as _defer
-
     try:
         for st, _, _ in _checks:
             if type(st.value) is Pending:
-                st.value = _defer.materialize(st.value)
+                st.value = materialize(st.value)
         check()
-    except Exception as e:  # an exit handler cannot raise to the program: report it
+    except Exception as e:
         print(f"lazyrt: at exit: {type(e).__name__}: {e}", file=sys.stderr)
-
-
-atexit.register(_at_exit)

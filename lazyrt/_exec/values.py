@@ -10,6 +10,7 @@ flush. Functions here that may record outside an op (``value`` of a view) take i
 """
 from __future__ import annotations
 
+import atexit
 import time
 
 import jax
@@ -28,6 +29,7 @@ from . import strict as _strict
 from . import views as _views
 
 _X64 = jax.enable_x64
+atexit.register(_asserts.at_exit, _defer.materialize)
 
 
 def run(prog: Prog, inputs: list, scalars: list) -> list:
