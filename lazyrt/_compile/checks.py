@@ -37,3 +37,9 @@ def entry(node, env) -> tuple:
         return fn(concrete(t), *args, **kwargs)
 
     return call, env[info], info, rest, dict(node.kwargs)
+
+
+def result(node):
+    """What check node ``node`` returns to the graph: ``with_effects``' (token, output) as
+    Nones, an assert's None."""
+    return None if node.target in _ASSERTS else (None, None)

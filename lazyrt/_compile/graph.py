@@ -37,6 +37,7 @@ from .._ops.resolve import resolve
 from . import flex as _flex
 from .checks import entry as check_entry
 from .checks import is_check
+from .checks import result as check_result
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
 
 _X64 = jax.enable_x64
@@ -184,7 +185,7 @@ class _GraphPlan:
                 continue
             if is_check(node):
                 self.checks.append(check_entry(node, env))
-                env[node] = ("py", None)
+                env[node] = ("py", check_result(node))
                 continue
             if node.target in _flex.HOPS:
                 env[node] = ("node", len(steps))
