@@ -160,6 +160,28 @@ def _collectives(tag):
             out.append((f"{tag} reduce {dtype}", t.cpu(), _red(xs, "sum")))
         else:
             out.append((f"{tag} reduce non-dst keeps {dtype}", t.cpu(), xs[RANK]))
+    # PREMUL_SUM (FSDP2's gradient reduction): each input times the factor, then summed
+    for dtype in (torch.float32, torch.bfloat16):
+        for factor in (0.5, torch.tensor(0.25)):
+            kind = "tensor" if isinstance(factor, torch.Tensor) else "float"
+            op = dist._make_nccl_premul_sum(factor)
+            xs = _all((3, 4), dtype, salt=11)
+            exp = _red([x * (factor.to(dtype) if kind == "tensor" else factor) for x in xs], "sum")
+            t = tpu(xs[RANK])
+            dist.all_reduce(t, op=op)
+            out.append((f"{tag} all_reduce premul_sum {kind} {dtype}", t.cpu(), exp))
+            big = [torch.cat([_inp((3,), dtype, r, salt=40 + i) for i in range(WORLD)])
+                   for r in range(WORLD)]
+            o = torch.zeros(3, dtype=dtype, device="tpu")
+            dist.reduce_scatter_tensor(o, tpu(big[RANK]), op=op)
+            scaled = [b * (factor.to(dtype) if kind == "tensor" else factor) for b in big]
+            out.append((f"{tag} reduce_scatter_tensor premul_sum {kind} {dtype}", o.cpu(),
+                        _red([b[3 * RANK:3 * RANK + 3] for b in scaled], "sum")))
+            o = torch.zeros(3, dtype=dtype, device="tpu")
+            dist.reduce_scatter(o, [tpu(b[3 * i:3 * i + 3]) for i, b in
+                                    enumerate([big[RANK]] * WORLD)], op=op)
+            out.append((f"{tag} reduce_scatter premul_sum {kind} {dtype}", o.cpu(),
+                        _red([b[3 * RANK:3 * RANK + 3] for b in scaled], "sum")))
     # bool all_reduce
     xs = _all((6,), torch.bool, salt=5)
     for op in ("sum", "max", "min"):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from _dist_launch import ROOT, check_items, launch
 
 pytestmark = pytest.mark.subprocess
@@ -93,3 +94,22 @@ def test_jax_started_late_is_a_clear_error():
         items = {n: (g, e) for n, g, e in r["start_late"]}
         assert items["error"][0] == "RuntimeError"
         assert "init_process_group('tpu')" in items["message"][0]
+
+
+def test_reduce_op_names_and_premul_sum_factor():
+    """How a c10d reduce op reads (no process group needed): PREMUL_SUM keeps its factor,
+    a PREMUL_SUM without one and an unknown op are errors that name them."""
+    import torch.distributed as dist
+
+    from lazyrt.distributed._pgutil import reduce_op
+
+    assert reduce_op(dist.ReduceOp.SUM) == ("sum", None)
+    assert reduce_op(dist.ReduceOp.AVG) == ("avg", None)
+    assert reduce_op("max") == ("max", None)
+    assert reduce_op(dist._make_nccl_premul_sum(0.5)) == ("sum", 0.5)
+    name, factor = reduce_op(dist._make_nccl_premul_sum(torch.tensor(0.25)))
+    assert name == "sum" and torch.equal(factor, torch.tensor(0.25))
+    with pytest.raises(ValueError, match="PREMUL_SUM needs a factor"):
+        reduce_op(dist.ReduceOp.PREMUL_SUM)
+    with pytest.raises(ValueError, match="'foo'"):
+        reduce_op("foo")

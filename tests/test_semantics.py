@@ -365,6 +365,28 @@ def test_unsupported_op_names_itself():
         lazyrt.set_cpu_fallback(False)
 
 
+@torch.library.custom_op("lazyrt_test::scaled_scatter", mutates_args=())
+def _scaled_scatter(shape: list[int], index: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=vals.dtype, device=vals.device)
+    return out.index_put((index,), vals * 2, accumulate=True)
+
+
+@torch.library.custom_op("lazyrt_test::cuda_only", mutates_args=(), device_types="cuda")
+def _cuda_only(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_custom_op_kernel_runs_on_tpu(mode):
+    """A ``torch.library.custom_op`` with a kernel for every device runs that Python on tpu
+    tensors (FlexAttention's ``flex_lib.zeros_and_scatter``); one with device kernels only
+    for other devices names itself."""
+    index, vals = torch.tensor([0, 2, 0]), torch.randn(3)
+    got = torch.ops.lazyrt_test.scaled_scatter([4], index.to("tpu"), vals.to("tpu"))
+    assert_close(got, torch.ops.lazyrt_test.scaled_scatter([4], index, vals))
+    with pytest.raises(NotImplementedError, match="'lazyrt_test.cuda_only.default' has no lowering"):
+        torch.ops.lazyrt_test.cuda_only(vals.to("tpu"))
+
+
 def test_numpy_requires_cpu():
     x = torch.ones(2, device="tpu")
     with pytest.raises(TypeError, match="Use Tensor.cpu"):

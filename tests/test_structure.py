@@ -183,6 +183,10 @@ def test_patched_torch_attributes_still_exist():
     assert torch.Generator is not torch._C.Generator
     assert torch.load is torch.serialization.load and hasattr(torch.load, "__wrapped__")
     assert lazyrt_tensor() in optim_mod._foreach_supported_types
+    import torch.nn.attention.flex_attention as fa
+
+    assert any(isinstance(c, frozenset) and {"cuda", "tpu"} <= c
+               for c in fa._validate_device.__code__.co_consts)
 
 
 def test_distributed_patch_targets_still_exist():

@@ -33,8 +33,12 @@ from .._ops.args import rebuild, template
 from .._ops.control import flush_pending
 from .._ops.plan import make_plan
 from .._ops.resolve import resolve
+from . import flex as _flex
+from .checks import entry as check_entry
+from .checks import is_check
+from .checks import result as check_result
 from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
-from .nodes import Unsupported, check_graph, is_check, is_tpu_meta, meta_val, out_spec, structure
+from .nodes import Unsupported, check_graph, is_tpu_meta, meta_val, out_spec, structure
 from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concretize, free_symbols
 from .symbolic import walk_node_arg as _walk_arg
 
@@ -135,7 +139,7 @@ class _GraphPlan:
         # host refs of the graph's symbolic scalars, runtime inputs: (ref, "i" or "f")
         self.host_rt: list = []
         self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
-        self.checks: list = []  # linalg error checks, run on the host after the program
+        self.checks: list = []  # linalg checks and asserts (``checks.entry``)
         self.first = True  # not called yet
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
         # inputs take a program output after the call, host inputs a host value.
@@ -164,12 +168,15 @@ class _GraphPlan:
                 env[node] = ("get", env[src], idx)
                 continue
             if is_check(node):
-                # NOTE: the check reads its info values on the host after the program ran
-                # (a sync, as in eager); its effect token is None at run time.
-                _, op, info, *rest = node.args
-                self.checks.append((resolve(op).fn, env[info], meta_val(info), rest,
-                                    dict(node.kwargs)))
-                env[node] = ("py", (None, None))
+                self.checks.append(check_entry(node, env))
+                env[node] = ("py", check_result(node))
+                continue
+            if node.target in _flex.HOPS:
+                env[node] = ("node", len(steps))
+                try:
+                    steps.append(_flex.step(node, env, self))
+                except Exception as ex:  # eagerly, the HOP's tpu rule runs it
+                    raise Unsupported(f"{node.name}: {type(ex).__name__}: {ex}") from ex
                 continue
             if node.target is _COPY_ and node.args[0].op == "placeholder":
                 env[node] = self._input_mutation(node, env, steps)
@@ -211,8 +218,8 @@ class _GraphPlan:
         self.muts = [(i, prog_out(ref, self._spec(meta_val(placeholders[i]))))
                      for i, ref in self.mut_refs]
         self.check_outs = []
-        for _, ref, v, _, _ in self.checks:
-            spec = self._spec(v)
+        for _, ref, info, _, _ in self.checks:
+            spec = self._spec(meta_val(info))
             self.check_outs.append((prog_out(ref, spec), spec))
         out_avals = tuple(out_avals)
         n_c, n_h = len(consts), len(self.host_inputs)
@@ -357,6 +364,15 @@ class _GraphPlan:
             slot = self._host_slot[ref] = ("hostr", len(self.host_rt) - 1)
         return slot
 
+    def device_ref(self, a, env):
+        """The program's ref of tensor node ``a``: a CPU constant moves to the device once,
+        a host value enters as an input (a custom step's argument: ``_flex``)."""
+        ref = env[a]
+        if ref[0] == "cpu":
+            self.consts.append(host_to_device(ref[1]))
+            return ("const", len(self.consts) - 1)
+        return self._host_ref(ref, self._spec(meta_val(a))) if self._is_host(ref) else ref
+
     def _step(self, node, env, op=None):
         op = node.target if op is None else op
         e = resolve(op)
@@ -479,6 +495,6 @@ class _GraphPlan:
         infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
         if alone:
             flush_pending(ALONE)
-        for (fn, _, _, rest, kw), info in zip(self.checks, infos):
-            fn(concrete(info), *rest, **kw)
+        for (call, _, _, rest, kw), info in zip(self.checks, infos):
+            call(info, *rest, **kw)
         return res

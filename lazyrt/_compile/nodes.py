@@ -8,6 +8,8 @@ import torch
 from torch._ops import OpOverload
 
 from .._ops.args import spec_of_meta
+from . import flex as _flex
+from .checks import is_check
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -34,13 +36,6 @@ class Unsupported(Exception):
     """The graph cannot run as one lazyrt program; it runs eagerly."""
 
 
-def is_check(node) -> bool:
-    """``with_effects(token, aten._linalg_check_errors, info, ...)``: PyTorch's linalg error
-    check, an effect in AOT graphs."""
-    return (node.target is torch.ops.higher_order.with_effects
-            and node.args[1] is torch.ops.aten._linalg_check_errors.default)
-
-
 def check_graph(gm) -> str | None:
     """Why ``gm`` must run eagerly, or None."""
     for node in gm.graph.nodes:
@@ -51,7 +46,7 @@ def check_graph(gm) -> str | None:
         t = node.target
         if t is operator.getitem:
             continue
-        if is_check(node):
+        if is_check(node) or t in _flex.HOPS:
             continue
         if not isinstance(t, OpOverload):
             if is_scalar_node(node):  # arithmetic on symbolic ints: on the host
@@ -65,8 +60,6 @@ def check_graph(gm) -> str | None:
     return None
 
 
-
-
 def out_spec(v) -> tuple:
     shape, stride, dtype, _ = spec_of_meta(v)
     return (shape, stride, dtype, 0)
@@ -75,6 +68,8 @@ def out_spec(v) -> tuple:
 def structure(plan, flat):
     """A node plan's flat outputs in the shape of the op's returns."""
     layout = plan.layout
+    if layout is None:  # a step that returns its structure itself (``flex``)
+        return flat
     if layout.single is not None:
         return flat[0]
     res, i = [], 0

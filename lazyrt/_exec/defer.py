@@ -49,6 +49,7 @@ from .._base import source as _source
 from .._base.config import config
 from .._base.ir import Pending, Prog
 from .._base.metrics import COUNTERS, register_gauge
+from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
 from . import xla as _xla
@@ -474,6 +475,10 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         if config.mode == "debug":
             for r in results:
                 r.block_until_ready()
+    # NOTE: a fusion window's segment (``keep_on_error``, ``_cut``) runs asynchronously and
+    # is no sync point: its asserts are read at the next real flush.
+    if not keep_on_error:
+        _asserts.check()
 
 
 def needed_for(tr: Trace, pendings) -> list:

@@ -10,6 +10,7 @@ flush. Functions here that may record outside an op (``value`` of a view) take i
 """
 from __future__ import annotations
 
+import atexit
 import time
 
 import jax
@@ -22,11 +23,13 @@ from .._base.config import config
 from .._base.ir import Pending, Prog
 from .._base.metrics import COUNTERS
 from .._base.tensor import Storage, TpuTensor, contiguous_spec
+from . import asserts as _asserts
 from . import defer as _defer
 from . import strict as _strict
 from . import views as _views
 
 _X64 = jax.enable_x64
+atexit.register(_asserts.at_exit, _defer.materialize)
 
 
 def run(prog: Prog, inputs: list, scalars: list) -> list:
@@ -153,6 +156,7 @@ def to_host(arr) -> np.ndarray:
     t0 = time.perf_counter()
     host = np.asarray(arr)
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
+    _asserts.check()  # a host read is a sync point
     return host
 
 

@@ -15,6 +15,7 @@ import jax
 from .._base import memory
 from .._base.config import MODES, config
 from .._base.metrics import COUNTERS
+from .._exec import asserts as _asserts
 from .._exec import defer as _defer
 from .._exec import strict as _strict
 from .._exec import views as _views
@@ -51,9 +52,11 @@ def _switch(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"lazyrt: unknown mode {mode!r}; valid modes are "
                          + ", ".join(repr(m) for m in MODES))
-    if config.mode == "defer" and mode != "defer":
-        _defer.flush(reason="mode switch")
-    config.mode = mode
+    try:
+        if config.mode == "defer" and mode != "defer":
+            _defer.flush(reason="mode switch")
+    finally:  # switched even when the flush raises (a failed assert it read)
+        config.mode = mode
 
 
 def set_mode(mode: str | EagerMode) -> _ModeContext:
@@ -92,6 +95,7 @@ def sync() -> None:
         jax.block_until_ready(arrays)
     jax.effects_barrier()
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
+    _asserts.check()
 
 
 def all_ready() -> bool:

@@ -5,7 +5,8 @@
   3. a lowering in the table (``lazyrt.lowering``)
   4. derived: an in-place ``foo_`` / ``foo.out`` variant of a lowered ``foo``
   5. PyTorch's CompositeImplicitAutograd kernel
-  6. a ``torch._decomp`` decomposition
+  6. a ``torch._decomp`` decomposition, or a ``torch.library.custom_op``'s own kernel (a
+     Python function over torch ops: FlexAttention's ``flex_lib.zeros_and_scatter``)
   7. an in-place / out= variant whose functional op runs some other way: run it, copy back
   8. missing: ``NotImplementedError`` naming the op (or the CPU fallback, when on)
 
@@ -24,7 +25,14 @@ from torch._ops import OpOverload
 from .. import lowering
 from ..lowering._registry import Lowering
 from . import handlers as h
-from .schema import Schema, decomposition, functional_of, has_composite_implicit, is_view_op
+from .schema import (
+    Schema,
+    custom_kernel,
+    decomposition,
+    functional_of,
+    has_composite_implicit,
+    is_view_op,
+)
 from .special import SPECIAL
 
 LOWERINGS = lowering.LOWERINGS
@@ -61,7 +69,7 @@ def lookup(op: OpOverload) -> Resolution:
         return Resolution("derived", flow, f)
     if has_composite_implicit(op):
         return Resolution("composite")
-    d = decomposition(op)
+    d = decomposition(op) or custom_kernel(op)
     if d is not None:
         return Resolution("decomposed", decomp=d)
     if f is not None and writes:

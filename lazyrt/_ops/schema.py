@@ -126,3 +126,16 @@ def decomposition(op: OpOverload):
     from torch._decomp import decomposition_table
 
     return decomposition_table.get(op)
+
+
+def custom_kernel(op: OpOverload):
+    """The kernel of a ``torch.library.custom_op`` (a Python function over torch ops) for
+    tpu, or for every device, or None (an ATen op, or a custom op with device-specific
+    kernels only)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(op._schema.name)
+    if opdef is None:
+        return None
+    fns = opdef._backend_fns
+    return fns.get("tpu", fns.get(None))

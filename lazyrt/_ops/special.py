@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from .._base import source as _source
+from .._base.config import config
 from .._base.ir import Pending
 from .._base.tensor import TpuTensor
+from .._exec import asserts as _asserts
 from .._exec import defer as _defer
 from .._exec.values import (
     concrete,
@@ -18,6 +21,7 @@ from .._exec.values import (
     run,
     to_cpu,
     to_host,
+    value,
     write,
 )
 from . import append as _append
@@ -363,7 +367,34 @@ def _scalars_read(op, name: str):
     return handler
 
 
+_ASSERT_MSG = "Expected Tensor with single nonzero value, but got zero"
+
+
+def assert_async(e, args, kwargs):
+    """``torch._assert_async(cond[, msg])`` (and ``_functional_assert_async``, which returns
+    a copy of its ``dep_token``): the condition is read at the next sync point, or at once
+    in debug mode (``_exec.asserts``); its element count is checked here, as PyTorch does."""
+    cond = args[0]
+    msg = args[1] if len(args) > 1 else kwargs.get("assert_msg", _ASSERT_MSG)
+    n = cond.numel()
+    if n != 1:
+        what = "no values" if n == 0 else "more than one value"
+        raise RuntimeError(f"Boolean value of Tensor with {what} is ambiguous")
+    where = f"{e.name} at {_source.user_line(2)}"
+    if config.mode == "debug":
+        _asserts.check_now(concrete(cond), msg, where)
+    else:
+        _asserts.add(new_tensor(value(cond))._st, msg, where)
+    if e.n_returns:
+        dep = args[2] if len(args) > 2 else kwargs["dep_token"]
+        return aten.clone.default(dep)
+    return None
+
+
 SPECIAL = {
+    aten._assert_async.default: assert_async,
+    aten._assert_async.msg: assert_async,
+    aten._functional_assert_async.msg: assert_async,
     aten._to_copy.default: to_copy,
     aten.copy_.default: copy_,
     aten.cat.default: cat,

@@ -235,9 +235,29 @@ def _compile_picks_tpu(rule) -> None:
     torch.compile = compile
 
 
+def _flex_attention_devices() -> None:
+    """``torch.nn.attention.flex_attention._validate_device``: FlexAttention refuses every
+    device outside a set written into that function (torch 2.13: cuda, cpu, xpu, hpu, mps;
+    "FlexAttention is only supported on CUDA, CPU, HPU, or MPS devices"), eagerly and under
+    Dynamo, which inlines it. tpu runs FlexAttention, forward and backward (``_torch.flex``
+    eagerly, ``_compile.flex`` compiled), so "tpu" joins the set: the function's constant
+    is replaced in its code object, so Dynamo still inlines it as PyTorch's own (a wrapper
+    defined here would be a function Dynamo skips: a graph break, an error under
+    ``fullgraph=True``, which FlexAttention's own compile uses)."""
+    import torch.nn.attention.flex_attention as fa
+
+    code = fa._validate_device.__code__
+    consts = tuple(c | {"tpu"} if isinstance(c, frozenset) and "cuda" in c else c
+                   for c in code.co_consts)
+    if consts == code.co_consts:
+        raise RuntimeError("lazyrt: torch.nn.attention.flex_attention._validate_device has no "
+                           "device set to add tpu to (torch changed; see _torch/patches.py)")
+    fa._validate_device.__code__ = code.replace(co_consts=consts)
+
+
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_tied_parameters, _foreach_for_tpu_parameters,
-           _tpu_generators, _accelerator_api, _load_to_tpu)
+           _tpu_generators, _accelerator_api, _load_to_tpu, _flex_attention_devices)
 
 
 def install_dynamo(on_recompile_limit) -> None:

@@ -26,7 +26,8 @@ from ._pgutil import (
     _rt_slice,
     _split,
     _stack,
-    reduce_op_name,
+    premul,
+    reduce_op,
 )
 
 
@@ -113,11 +114,11 @@ class ProcessGroupTpu(dist.ProcessGroup):
             o = dist.AllreduceOptions()
             o.reduceOp = op
             return self._host("all_reduce").allreduce(list(tensors), o)
-        name = reduce_op_name(op)
+        name, factor = reduce_op(op)
         with _rt.locked():
             for t in tensors:
-                (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())), [t],
-                                   "all_reduce")
+                (v,) = _engine.run(self, "all_reduce", (("op", name), ("n", self.size())),
+                                   [premul(t, factor)], "all_reduce")
                 _rt.write(t, v)
         return _done(list(tensors))
 
@@ -202,7 +203,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _split(output_tensors):
             return self._host("reduce_scatter").reduce_scatter(
                 output_tensors, input_tensors, opts or dist.ReduceScatterOptions())
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         n = self.size()
         for out, ins in zip(output_tensors, input_tensors):
             if len(ins) != n:
@@ -210,7 +211,7 @@ class ProcessGroupTpu(dist.ProcessGroup):
             for i in ins:
                 _check_same(out, i, "reduce_scatter")
             with _rt.locked():
-                stacked = _stack(ins)
+                stacked = premul(_stack(ins), factor)
                 (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [stacked])
                 _rt.write(out, _reshape(v, tuple(out.shape)))
         return _done(output_tensors)
@@ -227,12 +228,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if input.numel() != n * output.numel():
             raise ValueError(f"lazyrt: reduce_scatter_tensor input has {input.numel()} elements, "
                              f"expected {n} x {output.numel()}")
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flat = input if input.dim() >= 1 and input.shape[0] == n * (output.shape[0] if output.dim() else 1) \
             else input.reshape(n * output.numel())
         with _rt.locked():
-            (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)), [flat],
-                               "reduce_scatter_tensor")
+            (v,) = _engine.run(self, "reduce_scatter", (("op", name), ("n", n)),
+                               [premul(flat, factor)], "reduce_scatter_tensor")
             _rt.write(output, _reshape(v, tuple(output.shape)))
         return _done([output])
 
@@ -364,11 +365,12 @@ class ProcessGroupTpu(dist.ProcessGroup):
         if not _split(tensors):
             return self._host("reduce").reduce(list(tensors), opts or dist.ReduceOptions())
         dst = self._root(opts.rootRank if opts is not None else 0)
-        name = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         with _rt.locked():
             for t in tensors:
                 (v,) = _engine.run(self, "reduce",
-                                   (("op", name), ("dst", dst), ("n", self.size())), [t])
+                                   (("op", name), ("dst", dst), ("n", self.size())),
+                                   [premul(t, factor)])
                 _rt.write(t, v)
         return _done(list(tensors))
 

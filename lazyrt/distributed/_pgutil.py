@@ -14,21 +14,59 @@ _RED = {
     dist.ReduceOp.MIN: "min", dist.ReduceOp.PRODUCT: "product", dist.ReduceOp.BAND: "band",
     dist.ReduceOp.BOR: "bor", dist.ReduceOp.BXOR: "bxor",
 }
+_NAMES = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
+
+
+def reduce_op(op) -> tuple[str, object]:
+    """c10d ``ReduceOp`` (or a functional collective's string) -> (lazyrt's name, the
+    factor of ``ReduceOp.PREMUL_SUM`` or None). ``PREMUL_SUM(factor)`` (FSDP2's gradient
+    reduction, ``_make_nccl_premul_sum``) is a sum of the inputs each multiplied by
+    ``factor`` first (a float or a tensor): ``premul`` does the multiply, the collective
+    sums."""
+    if isinstance(op, str):
+        name = op.lower()
+        if name in _NAMES:
+            return name, None
+        if name == "premul_sum":
+            raise NotImplementedError("lazyrt: the reduce op 'premul_sum' of a functional "
+                                      "collective has no factor; use ReduceOp.PREMUL_SUM(factor)")
+        raise ValueError(f"lazyrt: unknown reduce op {op!r}")
+    if type(op) is dist.ReduceOp.RedOpType:  # NOTE: isinstance(it, ReduceOp) is True too
+        if op == dist.ReduceOp.RedOpType.PREMUL_SUM:
+            raise ValueError("lazyrt: ReduceOp.PREMUL_SUM needs a factor: "
+                             "torch.distributed._make_nccl_premul_sum(factor)")
+        op = dist.ReduceOp(op)
+    state = op.__getstate__() if isinstance(op, dist.ReduceOp) else None
+    if isinstance(state, tuple) and state[0] == dist.ReduceOp.RedOpType.PREMUL_SUM:
+        return "sum", state[1]
+    for k, v in _RED.items():
+        if op == k:
+            return v, None
+    what = repr(op)
+    if state is not None:  # a ReduceOp of a kind this torch added
+        code = state[0] if isinstance(state, tuple) else state
+        what = f"ReduceOp.{getattr(code, 'name', code)}"
+    raise NotImplementedError(f"lazyrt: reduce op {what} is not supported on tpu tensors")
 
 
 def reduce_op_name(op) -> str:
-    """c10d ``ReduceOp`` (or a functional collective's string) -> lazyrt's name."""
-    if isinstance(op, str):
-        name = op.lower()
-        if name in ("sum", "avg", "max", "min", "product", "band", "bor", "bxor"):
-            return name
-        if name == "premul_sum":
-            raise NotImplementedError("lazyrt: ReduceOp.PREMUL_SUM is not supported on tpu")
-        raise ValueError(f"lazyrt: unknown reduce op {op!r}")
-    for k, v in _RED.items():
-        if op == k:
-            return v
-    raise NotImplementedError(f"lazyrt: reduce op {op} is not supported on tpu tensors")
+    """``reduce_op``'s name, for callers that take no factor (an error for PREMUL_SUM)."""
+    name, factor = reduce_op(op)
+    if factor is not None:
+        raise NotImplementedError("lazyrt: ReduceOp.PREMUL_SUM is not supported here")
+    return name
+
+
+def premul(t, factor):
+    """``t`` multiplied by ``PREMUL_SUM``'s factor (``t`` itself when there is none), in
+    ``t``'s dtype, as NCCL's premul sum, which takes floating tensors only."""
+    if factor is None:
+        return t
+    if not t.is_floating_point():
+        raise TypeError(f"lazyrt: ReduceOp.PREMUL_SUM needs floating tensors, got {t.dtype}")
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(device=t.device, dtype=t.dtype)
+    return t * factor
 
 
 def _done(result) -> dist.Work:

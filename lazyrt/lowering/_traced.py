@@ -128,7 +128,9 @@ def _cast_like(r, val):
     return r
 
 
-def run_graph(gm, arrays):
+def run_graph(gm, arrays, node_fn=_node_fn):
+    """``gm`` (ATen ops) on JAX values; ``node_fn(op)`` gives each node's JAX function
+    (default: its lowering, for a decomposition traced down to lowered ops)."""
     env: dict = {}
     it = iter(arrays)
 
@@ -148,7 +150,7 @@ def run_graph(gm, arrays):
                 continue
             if not isinstance(node.target, OpOverload):
                 raise NotImplementedError(f"lazyrt: decomposition calls {node.target}")
-            r = _node_fn(node.target)(*a, **kw)
+            r = node_fn(node.target)(*a, **kw)
             env[node] = _cast_like(r, node.meta.get("val"))
         elif node.op == "output":
             return load(node.args[0])

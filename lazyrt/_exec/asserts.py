@@ -1,0 +1,82 @@
+"""Asynchronous asserts (``torch._assert_async``): the condition stays on the device and
+is read at the next sync point, as CUDA reports a failed device assert at a later sync.
+
+``add`` keeps the condition's value (a ``Pending`` in defer mode: a storage held here,
+so the next flush makes it one of its outputs, as any live tensor's) and ``check`` reads
+the ones that are computed and raises for the first that is false:
+
+  defer   at the end of every flush but a fusion window's segment (``_defer.flush``)
+  strict  at the next host read (``to_host``: ``.item()``, ``.cpu()``, ``print``) and at
+          ``torch.tpu.synchronize()`` / ``lazyrt.sync()``; no op blocks on its own
+  debug   at once, at the op
+
+The error is PyTorch's own (``RuntimeError`` with the op's message), followed by the op and
+the user's line that made the assert. A check is read once: after it raised, the asserts
+read with it are gone (how many more failed is in the message). Checks still unread when
+the process exits are read then (``at_exit``, registered by ``_exec.values``), and a
+failure is printed, never dropped.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .._base.ir import Pending
+
+# (storage holding the condition, PyTorch's message, what made the assert), in op order
+_checks: list = []
+
+
+def add(st, message: str, where: str) -> None:
+    """Check ``st``'s value (a one-element condition) at the next sync point."""
+    _checks.append((st, message, where))
+
+
+def count() -> int:
+    return len(_checks)
+
+
+def _failed(v) -> bool:
+    return not bool(np.asarray(v).reshape(-1)[0])
+
+
+def _error(message: str, where: str, more: int, when: str = "at a sync point") -> RuntimeError:
+    extra = f"; {more} more asynchronous assert(s) failed" if more else ""
+    return RuntimeError(f"{message}\n  (lazyrt: an asynchronous assert, {where}, checked "
+                        f"{when}{extra})")
+
+
+def check_now(v, message: str, where: str) -> None:
+    """Debug mode: read the condition at once."""
+    if _failed(v):
+        raise _error(message, where, 0, "at once (debug mode)")
+
+
+def check() -> None:
+    """Read every computed condition; raise for the first false one."""
+    if not _checks:
+        return
+    ready, waiting = [], []
+    for c in _checks:
+        (waiting if type(c[0].value) is Pending else ready).append(c)
+    if not ready:
+        return
+    _checks[:] = waiting
+    bad = [(m, w) for st, m, w in ready if _failed(st.value)]
+    if bad:
+        raise _error(bad[0][0], bad[0][1], len(bad) - 1)
+
+
+def at_exit(materialize) -> None:
+    """Read what no sync point read, ``materialize`` (``_defer``'s) computing what is still
+    pending; a failure is printed (an exit handler cannot raise to the program)."""
+    if not _checks:
+        return
+    try:
+        for st, _, _ in _checks:
+            if type(st.value) is Pending:
+                st.value = materialize(st.value)
+        check()
+    except Exception as e:
+        print(f"lazyrt: at exit: {type(e).__name__}: {e}", file=sys.stderr)
