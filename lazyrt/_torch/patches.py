@@ -174,11 +174,16 @@ def _matmul_precision() -> None:
     torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
-def _keep_tied_parameters() -> None:
-    """``torch.nn.Module._apply``: ``model.to("tpu")`` keeps tied parameters tied (GPT-2's
-    lm_head/embedding). For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a
-    parameter shared by two modules stays one object; for a wrapper subclass PyTorch makes
-    a new Parameter per module instead, silently untying them. Re-tie afterwards.
+def _keep_parameter_objects() -> None:
+    """``torch.nn.Module._apply``: ``model.to("tpu")`` (and back) keeps each Parameter
+    object, as it does for CUDA, so references and optimizers made before the move stay
+    valid, and tied parameters (GPT-2's lm_head/embedding) stay one object. For CUDA,
+    ``Module._apply`` swaps ``param.data`` in place; for a wrapper subclass PyTorch makes a
+    new Parameter per module instead. Afterwards each original parameter takes the new
+    one's contents (``torch.utils.swap_tensors``, what ``_apply`` itself does under
+    ``torch.__future__.set_swap_module_params_on_conversion``, gradient included) and goes
+    back into every module that held it. Where swapping is refused (a weak reference to
+    the parameter, e.g. a Dynamo guard), the new Parameter stays, re-tied.
     In defer mode the conversion is then flushed: a move from the CPU records nothing
     (``_special.copy_``), but a conversion of parameters already on tpu (``.to(bf16)``,
     ``.half()``) would otherwise be recorded into the first training step's trace, which
@@ -193,22 +198,33 @@ def _keep_tied_parameters() -> None:
         for mod in self.modules():
             for name, p in mod._parameters.items():
                 if p is not None:
-                    owners.setdefault(id(p), []).append((mod, name))
+                    owners.setdefault(id(p), (p, []))[1].append((mod, name))
         depth[0] += 1
         try:
             out = orig(self, fn, recurse)
         finally:
             depth[0] -= 1
-        for group in owners.values():
-            if len(group) > 1:
-                first_mod, first_name = group[0]
-                keep = first_mod._parameters[first_name]
-                for mod, name in group[1:]:
-                    mod._parameters[name] = keep
+        for old, group in owners.values():
+            first_mod, first_name = group[0]
+            keep = first_mod._parameters[first_name]
+            if keep is not old and (isinstance(keep, TpuTensor) or isinstance(old, TpuTensor)):
+                keep = _swap_into(old, keep)
+            for mod, name in group:
+                mod._parameters[name] = keep
         _control.flush_pending("Module._apply (model.to)")
         return out
 
     torch.nn.Module._apply = _apply
+
+
+def _swap_into(old, new):
+    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` where
+    PyTorch refuses the swap."""
+    try:
+        torch.utils.swap_tensors(old, new)
+    except (RuntimeError, TypeError):
+        return new
+    return old
 
 
 def _foreach_for_tpu_parameters() -> None:
@@ -236,7 +252,7 @@ def _compile_picks_tpu(rule) -> None:
 
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
-           _keep_tied_parameters, _foreach_for_tpu_parameters,
+           _keep_parameter_objects, _foreach_for_tpu_parameters,
            _tpu_generators, _accelerator_api, _load_to_tpu)
 
 
