@@ -210,11 +210,7 @@ class TpuTensor(torch.Tensor):
         memo[id(self)] = new
         return new
 
-    def __reduce_ex__(self, proto):
-        # torch.save: PyTorch's own rebuild for storage-less device tensors (as XLA's),
-        # allowed by torch.load(weights_only=True): a CPU copy plus the device.
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+    # __reduce_ex__ (pickling, torch.save): lazyrt._torch.serialization installs it.
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         # AOTAutograd (torch.compile) checks each runtime tangent against the plain tensor
