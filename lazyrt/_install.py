@@ -1,8 +1,9 @@
 """What lazyrt registers with PyTorch through its public APIs, done once by ``install``:
 PrivateUse1 kernels for factory ops and ``_copy_from``, ``pin_memory`` for tpu on the CPU, the SDPA routing kernel on
 AutogradPrivateUse1, autocast's policy, the optimizer-step sync point, the ``torch.tpu``
-module's API, tpu tensors' pickling (``_serialization``), and the monkeypatches of ``_patches``. Around an optimizer step that
-creates state, constant ops run at once in defer mode (``_defer.set_eager_consts``).
+module's API, tpu tensors' pickling (``_serialization``), and the monkeypatches of
+``_patches``. Around an optimizer step that creates state, constant ops run at once in
+defer mode (``_defer.set_eager_consts``).
 """
 from __future__ import annotations
 
