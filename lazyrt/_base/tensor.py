@@ -50,6 +50,7 @@ _ALIGN = 512
 _ids_lock = threading.Lock()
 _next_addr = _ADDR_BASE
 _IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> (addr, reserved)
+_AT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # addr -> Storage
 _C_untyped_storage = torch._C.TensorBase.untyped_storage
 _C_data_ptr = torch._C.TensorBase.data_ptr
 _fake_storage = torch._C._construct_storage_from_data_pointer
@@ -74,7 +75,13 @@ def storage_identity(st: Storage) -> tuple:
             e = (_next_addr, reserved)
             _next_addr += reserved
             _IDS[st] = e
+            _AT[e[0]] = st
     return e[0], nbytes
+
+
+def storage_at(addr: int) -> Storage | None:
+    """The live storage whose identity is ``addr`` (a tpu ``untyped_storage().data_ptr()``)."""
+    return _AT.get(addr)
 
 
 def _stamped_storage(t: TpuTensor) -> torch.UntypedStorage:

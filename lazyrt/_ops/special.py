@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from .._base import dtypes as _dtypes
 from .._base.ir import Pending
-from .._base.tensor import TpuTensor
+from .._base.tensor import TpuTensor, contiguous_spec, storage_at
 from .._exec import defer as _defer
 from .._exec.values import (
     concrete,
@@ -283,6 +284,35 @@ def set_source(e, args, kwargs):
     return self
 
 
+def set_storage(e, args, kwargs):
+    """``t.set_(storage[, offset, size, stride])`` with a tpu tensor's storage (what storage
+    methods and TorchScript's serializer do): ``t`` aliases that tensor's storage, found by
+    the storage's address. Read in another dtype (bytes), it is the whole storage's values
+    reinterpreted, or a 1-D run of them."""
+    self, source = args[0], args[1]
+    st = storage_at(source.data_ptr()) if source.device.type == "tpu" else None
+    if st is None:
+        raise RuntimeError(f"lazyrt: set_ of a tpu tensor to a storage on {source.device} "
+                           "that no live tpu tensor has (a tpu storage holds no bytes of its own)")
+    dtype = self.dtype
+    n = source.nbytes() // self.element_size()
+    rest = list(args[2:]) + [kwargs[k] for k in ("storage_offset", "size", "stride") if k in kwargs]
+    offset, size, stride = rest if rest else (0, (n,), (1,))
+    size, stride = tuple(size), tuple(stride)
+    root = TpuTensor._wrap(contiguous_spec(st.value.shape, _dtypes.to_torch(st.value.dtype)), st)
+    if root.dtype == dtype:
+        v = aten.as_strided.default(root, size, stride, offset)
+    elif len(size) == 1 and (stride == (1,) or size[0] <= 1):
+        flat = aten.view.dtype(aten.view.default(root, [-1]), dtype)
+        v = aten.slice.Tensor(flat, 0, offset, offset + size[0])
+    else:
+        raise NotImplementedError(
+            f"lazyrt: a {root.dtype} tpu storage read as {dtype} with sizes {list(size)} and "
+            f"strides {list(stride)}: only its values as one run of {dtype} are supported")
+    self._rebind(v)
+    return self
+
+
 def is_set_to(e, args, kwargs):
     """Whether both tensors are the same storage, offset, sizes and strides."""
     a, b = args[0], args[1]
@@ -383,6 +413,8 @@ SPECIAL = {
     aten.resize_as_.default: resize_as_,
     aten.record_stream.default: record_stream,
     aten.set_.source_Tensor: set_source,
+    aten.set_.source_Storage: set_storage,
+    aten.set_.source_Storage_storage_offset: set_storage,
     aten.set_.default: set_empty,
     aten.is_set_to.default: is_set_to,
     aten._linalg_det.default: det_of_strided,

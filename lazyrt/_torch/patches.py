@@ -1,4 +1,5 @@
-"""Every change lazyrt makes to PyTorch's own Python objects, in one place.
+"""Every change lazyrt makes to PyTorch's own Python objects, in one place (with
+``patches_io``: saving, loading and tracing).
 
 Checked against torch 2.13.0 (the pinned release). Each patch says what it changes,
 why lazyrt needs it, and what to look at when torch moves. ``tests/test_structure.py``
@@ -14,7 +15,7 @@ import torch
 from .._base.tensor import TpuTensor
 from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
-from . import serialization as _serialization
+from . import patches_io as _patches_io
 
 _installed = []
 
@@ -110,107 +111,6 @@ def _accelerator_api() -> None:
                 setattr(mod, name, fn)
 
 
-def _is_tpu_location(loc) -> bool:
-    if isinstance(loc, str):
-        return loc == "tpu" or loc.startswith("tpu:")
-    return isinstance(loc, torch.device) and loc.type == "tpu"
-
-
-def _tree_to_tpu(obj, memo: dict, storages: dict):
-    """``obj`` (what ``torch.load`` returned) with every tensor moved to tpu: parameters
-    stay parameters, ``requires_grad`` is kept, a tensor met twice moves once, and tensors
-    of one CPU storage share one tpu storage (``storages``, ``_serialization.to_tpu``)."""
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            t = _serialization.to_tpu(obj.detach(), storages)
-            if isinstance(obj, torch.nn.Parameter):
-                t = torch.nn.Parameter(t, requires_grad=obj.requires_grad)
-            elif obj.requires_grad:
-                t.requires_grad_(True)
-            memo[id(obj)] = t
-        return memo[id(obj)]
-    if isinstance(obj, dict):
-        out = type(obj)() if type(obj) is not dict else {}
-        for k, v in obj.items():
-            out[k] = _tree_to_tpu(v, memo, storages)
-        if hasattr(obj, "_metadata"):  # a state_dict's OrderedDict
-            out._metadata = obj._metadata
-        return out
-    if isinstance(obj, list):
-        return [_tree_to_tpu(v, memo, storages) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_tree_to_tpu(v, memo, storages) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    return obj
-
-
-def _load_to_tpu() -> None:
-    """``torch.load`` (and ``torch.serialization.load``): ``map_location="tpu"`` (or a
-    tpu ``torch.device``) moves *storages* to the device and rebuilds each tensor on its
-    storage (``set_``), and a tpu tensor has no byte storage; so such a load reads onto
-    the CPU and moves each tensor to tpu. Every load runs in ``_serialization.loading``,
-    so tpu tensors saved from one storage load onto one storage again."""
-    import torch.serialization as ser
-
-    orig = ser.load
-
-    @functools.wraps(orig)
-    def load(f, map_location=None, *args, **kwargs):
-        with _serialization.loading():
-            if not _is_tpu_location(map_location):
-                return orig(f, map_location, *args, **kwargs)
-            return _tree_to_tpu(orig(f, "cpu", *args, **kwargs), {}, {})
-
-    ser.load = load
-    torch.load = load
-
-
-def _rebuild_tpu_tensors_sharing() -> None:
-    """``torch._utils._rebuild_device_tensor_from_cpu_tensor`` (PyTorch's rebuild of a
-    storage-less device tensor from a CPU one, which tpu tensors pickle as): its CPU tensor
-    goes to tpu through ``_serialization.to_tpu``, so CPU tensors of one storage (a saved
-    view and its base) load as tpu tensors of one storage, as CPU and CUDA tensors do.
-    (``torch.load(weights_only=True)`` looks the function up by this name.)"""
-    import torch._utils as tu
-
-    orig = tu._rebuild_device_tensor_from_cpu_tensor
-
-    # NOTE: wraps: pickles name it as torch's (module and qualname), so checkpoints stay
-    # loadable without lazyrt.
-    @functools.wraps(orig)
-    def _rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad):
-        loc = tu._get_restore_location(device)
-        if not (_is_tpu_location(loc) and isinstance(data, torch.Tensor)
-                and data.device.type == "cpu" and data.dtype == dtype):
-            return orig(data, dtype, device, requires_grad)
-        t = _serialization.to_tpu(data)
-        t.requires_grad = requires_grad
-        return t
-
-    tu._rebuild_device_tensor_from_cpu_tensor = _rebuild_device_tensor_from_cpu_tensor
-
-
-def _no_tpu_storage_allocation() -> None:
-    """``torch.UntypedStorage(n, device="tpu")``, and what allocates through it (a tpu
-    storage's ``clone()``, ``.to("tpu")``, ``TypedStorage(..., device="tpu")``), would call
-    PyTorch's PrivateUse1 allocator, which a Python backend cannot register: the process
-    died (SIGSEGV, torch 2.13). It raises instead. (``device`` is keyword-only there.)"""
-    cls = torch.UntypedStorage
-    orig = cls.__new__
-
-    def __new__(cls_, *args, device=None, **kwargs):
-        if device is not None and torch.device(device).type == "tpu":
-            raise RuntimeError(
-                "lazyrt: a tpu storage cannot be allocated on its own (a tpu tensor's bytes "
-                "live in an XLA buffer, and a storage has an identity but no bytes); make a "
-                "tensor instead, e.g. torch.empty(n, dtype=torch.uint8, device='tpu')")
-        if device is not None:
-            kwargs["device"] = device
-        return orig(cls_, *args, **kwargs)
-
-    cls.__new__ = staticmethod(__new__)
-
-
 def _matmul_precision() -> None:
     """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
     traced and compiled plans bake it in, so a change flushes pending work first (it was
@@ -303,8 +203,7 @@ def _compile_picks_tpu(rule) -> None:
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_parameter_objects, _foreach_for_tpu_parameters,
-           _tpu_generators, _accelerator_api, _load_to_tpu, _rebuild_tpu_tensors_sharing,
-           _no_tpu_storage_allocation)
+           _tpu_generators, _accelerator_api) + _patches_io.PATCHES
 
 
 def install_dynamo() -> None:
