@@ -186,6 +186,7 @@ def test_patched_torch_attributes_still_exist():
     assert lazyrt_tensor() in optim_mod._foreach_supported_types
     assert torch._utils._rebuild_device_tensor_from_cpu_tensor.__wrapped__
     assert torch.UntypedStorage.__new__.__module__ == "lazyrt._torch.patches_io"
+    assert torch.UntypedStorage.new.__wrapped__ is torch._C.StorageBase.new
     assert torch.jit.trace is torch.jit._trace.trace and torch.jit.trace.__wrapped__
     assert torch.jit.trace_module.__wrapped__
     # the private calls the storage identity and the jit patch make

@@ -22,6 +22,7 @@ This module knows nothing of how ops run: ``lazyrt._ops.dispatch`` installs itse
 """
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import weakref
@@ -51,6 +52,7 @@ _ids_lock = threading.Lock()
 _next_addr = _ADDR_BASE
 _IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> (addr, reserved)
 _AT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # addr -> Storage
+_ADDRS: list = []  # the addresses given, ascending (dead ones pruned now and then)
 _C_untyped_storage = torch._C.TensorBase.untyped_storage
 _C_data_ptr = torch._C.TensorBase.data_ptr
 _fake_storage = torch._C._construct_storage_from_data_pointer
@@ -76,12 +78,22 @@ def storage_identity(st: Storage) -> tuple:
             _next_addr += reserved
             _IDS[st] = e
             _AT[e[0]] = st
+            if len(_ADDRS) > 2 * len(_AT) + 1024:
+                _ADDRS[:] = sorted(_AT.keys())
+            _ADDRS.append(e[0])
     return e[0], nbytes
 
 
-def storage_at(addr: int) -> Storage | None:
-    """The live storage whose identity is ``addr`` (a tpu ``untyped_storage().data_ptr()``)."""
-    return _AT.get(addr)
+def storage_at(addr: int) -> tuple:
+    """``(storage, byte offset)`` of the live storage whose bytes ``addr`` (a tpu storage's
+    ``data_ptr()``; a slice of one points inside it) falls in, or ``(None, 0)``."""
+    with _ids_lock:
+        i = bisect.bisect_right(_ADDRS, addr) - 1
+        base = _ADDRS[i] if i >= 0 else None
+        st = _AT.get(base) if base is not None else None
+        if st is None or addr - base >= _IDS[st][1]:
+            return None, 0
+    return st, addr - base
 
 
 def _stamped_storage(t: TpuTensor) -> torch.UntypedStorage:

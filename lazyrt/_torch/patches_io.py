@@ -92,25 +92,44 @@ def _rebuild_tpu_tensors_sharing() -> None:
     tu._rebuild_device_tensor_from_cpu_tensor = _rebuild_device_tensor_from_cpu_tensor
 
 
-def _no_tpu_storage_allocation() -> None:
-    """``torch.UntypedStorage(n, device="tpu")``, and what allocates through it (a tpu
-    storage's ``clone()``, ``.to("tpu")``, ``TypedStorage(..., device="tpu")``), would call
-    PyTorch's PrivateUse1 allocator, which a Python backend cannot register: the process
-    died (SIGSEGV, torch 2.13). It raises instead. (``device`` is keyword-only there.)"""
+_NO_STORAGE = ("lazyrt: a tpu storage holds no bytes of its own (its tensor's value lives in an "
+               "XLA buffer; the storage has an identity, and reads and writes go through the "
+               "tensor): {} is not supported for it; use tensor ops, e.g. "
+               "torch.empty(n, dtype=torch.uint8, device='tpu')")
+
+
+def _tpu_storage_guards() -> None:
+    """``torch.UntypedStorage``: what would allocate a tpu storage through PyTorch's
+    PrivateUse1 allocator, which a Python backend cannot register (``UntypedStorage(n,
+    device="tpu")``, and through it a tpu storage's ``clone()``, ``TypedStorage(...,
+    device="tpu")``; ``new()``), or touch its bytes in C++ (``byteswap``, ``_set_from_file``,
+    ``_resize_with_addr_``), killed the process (SIGSEGV, torch 2.13). They raise instead.
+    (``device`` is keyword-only in the constructor.)"""
     cls = torch.UntypedStorage
-    orig = cls.__new__
+    orig_new = cls.__new__
 
     def __new__(cls_, *args, device=None, **kwargs):
         if device is not None and torch.device(device).type == "tpu":
-            raise RuntimeError(
-                "lazyrt: a tpu storage cannot be allocated on its own (a tpu tensor's bytes "
-                "live in an XLA buffer, and a storage has an identity but no bytes); make a "
-                "tensor instead, e.g. torch.empty(n, dtype=torch.uint8, device='tpu')")
+            raise RuntimeError(_NO_STORAGE.format("allocating one"))
         if device is not None:
             kwargs["device"] = device
-        return orig(cls_, *args, **kwargs)
+        return orig_new(cls_, *args, **kwargs)
 
     cls.__new__ = staticmethod(__new__)
+
+    def guard(name):
+        orig = getattr(cls, name)
+
+        @functools.wraps(orig)
+        def method(self, *args, **kwargs):
+            if self.device.type == "tpu":
+                raise RuntimeError(_NO_STORAGE.format(f"UntypedStorage.{name}"))
+            return orig(self, *args, **kwargs)
+
+        setattr(cls, name, method)
+
+    for name in ("new", "_byteswap", "_set_from_file", "_resize_with_addr_"):
+        guard(name)
 
 
 def _jit_trace_untraced_dispatch() -> None:
@@ -247,5 +266,5 @@ def _jit_save_load() -> None:
     torch.jit.save, torch.jit.load = jit_save, jit_load
 
 
-PATCHES = (_load_to_tpu, _rebuild_tpu_tensors_sharing, _no_tpu_storage_allocation,
+PATCHES = (_load_to_tpu, _rebuild_tpu_tensors_sharing, _tpu_storage_guards,
            _jit_trace_untraced_dispatch, _jit_save_load)
