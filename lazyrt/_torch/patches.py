@@ -9,6 +9,7 @@ fails loudly if a patched attribute disappears. (Kernels registered through the 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -133,7 +134,8 @@ def _keep_parameter_objects() -> None:
     one's contents (``torch.utils.swap_tensors``, what ``_apply`` itself does under
     ``torch.__future__.set_swap_module_params_on_conversion``, gradient included) and goes
     back into every module that held it. Where swapping is refused (a weak reference to
-    the parameter, e.g. a Dynamo guard), the new Parameter stays, re-tied.
+    the parameter, e.g. a Dynamo guard; an autograd graph holding it), the new Parameter
+    stays, re-tied, with a warning.
     In defer mode the conversion is then flushed: a move from the CPU records nothing
     (``_special.copy_``), but a conversion of parameters already on tpu (``.to(bf16)``,
     ``.half()``) would otherwise be recorded into the first training step's trace, which
@@ -168,11 +170,16 @@ def _keep_parameter_objects() -> None:
 
 
 def _swap_into(old, new):
-    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` where
-    PyTorch refuses the swap."""
+    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` (with a
+    warning) where PyTorch refuses the swap."""
     try:
         torch.utils.swap_tensors(old, new)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError) as e:
+        warnings.warn(
+            f"lazyrt: Module.to made a new Parameter of shape {tuple(old.shape)} on "
+            f"{new.device}: the old one could not take its place ({e}); references to the "
+            "old Parameter (an optimizer made before the move) no longer see the module's",
+            stacklevel=4)
         return new
     return old
 

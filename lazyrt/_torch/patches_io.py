@@ -128,7 +128,7 @@ def _tpu_storage_guards() -> None:
 
         setattr(cls, name, method)
 
-    for name in ("new", "_byteswap", "_set_from_file", "_resize_with_addr_"):
+    for name in ("new", "_byteswap", "_set_from_file", "_resize_with_addr_", "resize_"):
         guard(name)
 
 
