@@ -1,8 +1,10 @@
 """What lazyrt registers with PyTorch through its public APIs, done once by ``install``:
-PrivateUse1 kernels for factory ops and ``_copy_from``, ``pin_memory`` for tpu on the CPU, the SDPA routing kernel on
-AutogradPrivateUse1, autocast's policy, the optimizer-step sync point, the ``torch.tpu``
-module's API, and the monkeypatches of ``_patches``. Around an optimizer step that
-creates state, constant ops run at once in defer mode (``_defer.set_eager_consts``).
+PrivateUse1 kernels for factory ops and ``_copy_from``, ``pin_memory`` for tpu on the CPU,
+the SDPA routing kernel on AutogradPrivateUse1, autocast's policy, the optimizer-step sync
+point, the ``torch.tpu`` module's API, tpu tensors' pickling (``_serialization``), the
+monkeypatches of ``_patches`` and of client libraries (``_clients``, applied when each is
+imported). Around an optimizer step that creates state, constant ops run at once in defer
+mode (``_defer.set_eager_consts``).
 """
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from ._ops.dispatch import dispatch
 from ._ops.resolve import resolve
 from ._ops.special import copy_
 from ._torch import autocast as _autocast
+from ._torch import clients as _clients
 from ._torch import flex as _flex
 from ._torch import patches as _patches
+from ._torch import serialization as _serialization
 from ._torch import tpu_module as _tpu_module
 from .lowering import pallas_router as _pallas
 
@@ -109,6 +113,8 @@ def install() -> None:
     optim_mod.register_optimizer_step_post_hook(_after_optimizer_step)
     _autocast.register()
     _tpu_module.populate()
+    _serialization.install()
+    _clients.install()
     from ._compile import api as compile_api
 
     _patches.install(compile_api.compile)

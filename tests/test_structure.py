@@ -147,10 +147,11 @@ def test_modules_are_small():
 
 
 def test_torch_is_patched_only_in_patches():
-    """No module but ``_patches`` assigns to an attribute of torch."""
+    """No module but ``patches`` (and its part ``patches_io``) assigns to an attribute of
+    torch."""
     offenders = []
     for name, path in _modules():
-        if name == "lazyrt._torch.patches":
+        if name in ("lazyrt._torch.patches", "lazyrt._torch.patches_io"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign):
@@ -187,6 +188,16 @@ def test_patched_torch_attributes_still_exist():
 
     assert any(isinstance(c, frozenset) and {"cuda", "tpu"} <= c
                for c in fa._validate_device.__code__.co_consts)
+    assert torch._utils._rebuild_device_tensor_from_cpu_tensor.__wrapped__
+    assert torch.UntypedStorage.__new__.__module__ == "lazyrt._torch.patches_io"
+    assert torch.UntypedStorage.new.__wrapped__ is torch._C.StorageBase.new
+    assert torch.jit.trace is torch.jit._trace.trace and torch.jit.trace.__wrapped__
+    assert torch.jit.trace_module.__wrapped__
+    # the private calls the storage identity and the jit patch make
+    assert callable(torch._C._construct_storage_from_data_pointer)
+    assert callable(torch.UntypedStorage._swap_data_ptr_)
+    assert callable(torch._C._dispatch_tls_set_dispatch_key_excluded)
+    assert torch._C._dispatch_key_name(torch._C._parse_dispatch_key("Tracer")) == "Tracer"
 
 
 def test_distributed_patch_targets_still_exist():

@@ -10,11 +10,24 @@ Aliasing is lazyrt's own (not PyTorch's functionalization, see ARCHITECTURE):
   writing through a view scatters the new value into the base (one helper
   computation), so every other alias sees it on its next read.
 
+Storage identity (what ``data_ptr()``, ``untyped_storage()`` and ``nbytes()`` report,
+for the libraries that detect shared or tied tensors by pointer): each ``Storage`` gets,
+on the first query, an address from a bump allocator that never hands one out twice,
+far above any host pointer, and the wrapper's own C++ storage is given a non-owning
+data pointer at that address with the storage's size (views: the base's storage, at
+their offset). Nothing ever reads through that pointer; ops never look at it.
+
 This module knows nothing of how ops run: ``lazyrt._ops.dispatch`` installs itself as
 ``TpuTensor.__torch_dispatch__`` when it is imported (``import lazyrt`` does that).
 """
 from __future__ import annotations
 
+import bisect
+import math
+import threading
+import weakref
+
+import numpy as np
 import torch
 
 from .device import DEVICE
@@ -26,6 +39,77 @@ class Storage:
     def __init__(self, value):
         self.value = value
         self.version = 0
+
+
+# ---- storage identity ------------------------------------------------------------------
+
+# NOTE: 2**60 is above every user-space address of x86-64 and aarch64, so a tpu address
+# never equals a CPU pointer (accelerate keys one dict by both); each storage takes a
+# multiple of 512 bytes (CUDA's alignment), at least 512, so even empty storages differ.
+_ADDR_BASE = 1 << 60
+_ALIGN = 512
+_ids_lock = threading.Lock()
+_next_addr = _ADDR_BASE
+_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> (addr, reserved)
+_AT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # addr -> Storage
+_ADDRS: list = []  # the addresses given, ascending (dead ones pruned now and then)
+_C_untyped_storage = torch._C.TensorBase.untyped_storage
+_C_data_ptr = torch._C.TensorBase.data_ptr
+_fake_storage = torch._C._construct_storage_from_data_pointer
+
+
+def storage_nbytes(st: Storage) -> int:
+    """Bytes of the value ``st`` holds (its base tensor's elements)."""
+    v = st.value
+    return math.prod(v.shape) * np.dtype(v.dtype).itemsize
+
+
+def storage_identity(st: Storage) -> tuple:
+    """``(address, nbytes)`` of ``st``: the address is given on the first call and kept for
+    the storage's life; never given to another storage, even after this one is freed."""
+    global _next_addr
+    nbytes = storage_nbytes(st)
+    with _ids_lock:
+        e = _IDS.get(st)
+        if e is None or nbytes > e[1]:
+            # NOTE: a storage grown past what it reserved (resize_) moves, as on CUDA.
+            reserved = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+            e = (_next_addr, reserved)
+            _next_addr += reserved
+            _IDS[st] = e
+            _AT[e[0]] = st
+            if len(_ADDRS) > 2 * len(_AT) + 1024:
+                _ADDRS[:] = sorted(_AT.keys())
+            _ADDRS.append(e[0])
+    return e[0], nbytes
+
+
+def storage_at(addr: int) -> tuple:
+    """``(storage, byte offset)`` of the live storage whose bytes ``addr`` (a tpu storage's
+    ``data_ptr()``; a slice of one points inside it) falls in, or ``(None, 0)``."""
+    with _ids_lock:
+        i = bisect.bisect_right(_ADDRS, addr) - 1
+        base = _ADDRS[i] if i >= 0 else None
+        st = _AT.get(base) if base is not None else None
+        if st is None or addr - base >= _IDS[st][1]:
+            return None, 0
+    return st, addr - base
+
+
+def _stamped_storage(t: TpuTensor) -> torch.UntypedStorage:
+    """``t``'s C++ storage, given its storage's identity first if it lacks it."""
+    addr, nbytes = storage_identity(t._st)
+    s = _C_untyped_storage(t)
+    if (_C_data_ptr(t) == addr + t.storage_offset() * t.element_size()
+            and s.nbytes() == nbytes):
+        return s
+    # NOTE: _swap_data_ptr_ swaps the data pointer and size of two storages of equal size
+    # or where one is empty: a wrapper's own storage (sized to its own extent) goes through
+    # an empty one at the address first. The pointers have no deleter (non-owning).
+    if s.nbytes() != nbytes:
+        s._swap_data_ptr_(_fake_storage(addr, DEVICE, 0))
+    s._swap_data_ptr_(_fake_storage(addr, DEVICE, nbytes))
+    return s
 
 
 def contiguous_strides(shape) -> tuple:
@@ -67,15 +151,24 @@ class TpuTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, spec, st, chain=None, cache=None, cver=-1):
+    def __new__(cls, data=None, requires_grad=True):
+        """``type(p)(data, requires_grad=...)``, as libraries rebuild a parameter (a tpu
+        parameter's type is this class): ``nn.Parameter(data, requires_grad)``, on
+        ``data``'s device. lazyrt makes its tensors with ``_wrap``."""
+        return torch.nn.Parameter(data, requires_grad)
+
+    @staticmethod
+    def _wrap(spec, st, chain=None, cache=None, cver=-1):
+        """The tensor of ``spec`` (shape, strides, dtype, offset) on storage ``st``; a view
+        has ``chain`` from its base (and a cached value of storage version ``cver``)."""
         shape, stride, dtype, offset = spec
         # NOTE: storage_offset and requires_grad only when not the default: each keyword
         # costs _make_wrapper_subclass ~0.2 us, on every op.
         if offset:
-            r = _make_wrapper(cls, shape, strides=stride, storage_offset=offset, dtype=dtype,
-                              device=DEVICE)
+            r = _make_wrapper(TpuTensor, shape, strides=stride, storage_offset=offset,
+                              dtype=dtype, device=DEVICE)
         else:
-            r = _make_wrapper(cls, shape, strides=stride, dtype=dtype, device=DEVICE)
+            r = _make_wrapper(TpuTensor, shape, strides=stride, dtype=dtype, device=DEVICE)
         r._spec = spec
         r._st = st
         if chain is not None:
@@ -87,6 +180,15 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError("lazyrt: the dispatcher is not installed (import lazyrt)")
+
+    # ---- storage identity (see the module docstring) ----------------------------
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        return _stamped_storage(self)
+
+    def data_ptr(self) -> int:
+        _stamped_storage(self)
+        return _C_data_ptr(self)
 
     # ---- host-side conveniences -------------------------------------------------
 
@@ -127,11 +229,7 @@ class TpuTensor(torch.Tensor):
         memo[id(self)] = new
         return new
 
-    def __reduce_ex__(self, proto):
-        # torch.save: PyTorch's own rebuild for storage-less device tensors (as XLA's),
-        # allowed by torch.load(weights_only=True): a CPU copy plus the device.
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
+    # __reduce_ex__ (pickling, torch.save): lazyrt._torch.serialization installs it.
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         # AOTAutograd (torch.compile) checks each runtime tangent against the plain tensor

@@ -406,7 +406,7 @@ class _GraphPlan:
                 if self._is_host(ref):
                     ref = self._host_ref(ref, spec)
                 aval = _abstract(spec[0], _dtypes.to_jax(spec[2]), ref, abstract_refs)
-                return TpuTensor(spec, Storage(aval))
+                return TpuTensor._wrap(spec, Storage(aval))
             # NOTE: FX keeps list arguments as immutable_list, which the argument walk
             # would take for a constant: plain lists and tuples here.
             if isinstance(a, list):

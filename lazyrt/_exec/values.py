@@ -115,7 +115,7 @@ def new_tensor(v, spec: tuple | None = None) -> TpuTensor:
     if spec is None:
         spec = contiguous_spec(v.shape, _dtypes.to_torch(v.dtype))
     st = Storage(v)
-    t = TpuTensor(spec, st)
+    t = TpuTensor._wrap(spec, st)
     if type(v) is Pending:
         _defer.note_storage(st, None)
     return t

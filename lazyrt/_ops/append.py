@@ -102,7 +102,7 @@ def mark(t: TpuTensor, dim: int) -> TpuTensor:
 def root(t: TpuTensor) -> TpuTensor:
     """The base tensor of ``t``'s storage (its whole buffer)."""
     v = t._st.value
-    return TpuTensor(contiguous_spec(v.shape, t.dtype), t._st)
+    return TpuTensor._wrap(contiguous_spec(v.shape, t.dtype), t._st)
 
 
 def grown_view(buf: TpuTensor, dim: int, m: int) -> TpuTensor:
@@ -112,7 +112,7 @@ def grown_view(buf: TpuTensor, dim: int, m: int) -> TpuTensor:
     v = torch.ops.aten.slice.Tensor(buf, dim, cap - m, cap)
     spec = contiguous_spec(v.shape, v.dtype)
     _GROWN[buf._st] = Grown(dim, v._chain, spec)
-    return TpuTensor(spec, buf._st, v._chain)
+    return TpuTensor._wrap(spec, buf._st, v._chain)
 
 
 def _owner(t: TpuTensor) -> Grown | None:
@@ -137,7 +137,7 @@ def storage_root(t: TpuTensor) -> TpuTensor:
     its views, the grown tensor's own elements; for a window from its end (whose chain
     starts at the buffer), and anything else, the whole value."""
     g = _owner(t)
-    return TpuTensor(g.spec, t._st, g.chain) if g is not None else root(t)
+    return TpuTensor._wrap(g.spec, t._st, g.chain) if g is not None else root(t)
 
 
 def window(packet: str, base: TpuTensor, args, kwargs):

@@ -124,16 +124,16 @@ def view(e, args, kwargs):
             if fake is not None:
                 return fake
         # detach/alias: the same storage at the same chain, no extra step to derive.
-        return TpuTensor(plan.out_specs[0], st, base._chain, base._cache, base._cver)
+        return TpuTensor._wrap(plan.out_specs[0], st, base._chain, base._cache, base._cver)
     prefix = base._chain or ()
     res = []
     i = 0
     for s, k in zip(plan.layout.fresh, plan.layout.kinds):
         if k == "TL":
-            res.append([TpuTensor(sp, st, prefix + ((plan, i + j),)) for j, sp in enumerate(s)])
+            res.append([TpuTensor._wrap(sp, st, prefix + ((plan, i + j),)) for j, sp in enumerate(s)])
             i += len(s)
         else:
-            res.append(TpuTensor(s, st, prefix + ((plan, i),)))
+            res.append(TpuTensor._wrap(s, st, prefix + ((plan, i),)))
             i += 1
     return res[0] if e.n_returns == 1 else tuple(res)
 

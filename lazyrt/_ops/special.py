@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from .._base import dtypes as _dtypes
 from .._base import source as _source
 from .._base.config import config
 from .._base.ir import Pending
-from .._base.tensor import TpuTensor
+from .._base.tensor import TpuTensor, contiguous_spec, storage_at
 from .._exec import asserts as _asserts
 from .._exec import defer as _defer
 from .._exec.values import (
@@ -57,6 +58,8 @@ def copy_(e, args, kwargs):
     dst, src = args[0], args[1]
     if not isinstance(dst, TpuTensor):
         # tpu -> cpu (or another device)
+        if not isinstance(src, TpuTensor):
+            src = _over_storage(src)  # made in C++ on a tpu storage's address (from_blob)
         dst.copy_(to_cpu(src))
         return dst
     if isinstance(src, TpuTensor):
@@ -287,6 +290,47 @@ def set_source(e, args, kwargs):
     return self
 
 
+def _alias(storage, dtype, offset, size, stride) -> TpuTensor:
+    """The tpu tensor of ``dtype``, ``offset``, ``size`` and ``stride`` on ``storage`` (a tpu
+    storage object, found by its address while a tensor of it lives). Read in another dtype
+    (bytes), it is the storage's values reinterpreted, as one run."""
+    st, skip = storage_at(storage.data_ptr()) if storage.device.type == "tpu" else (None, 0)
+    if st is None:
+        raise RuntimeError(f"lazyrt: a tpu tensor on a storage on {storage.device} that no "
+                           "live tpu tensor has (a tpu storage holds no bytes of its own)")
+    size1 = dtype.itemsize
+    if skip % size1:
+        raise NotImplementedError(f"lazyrt: a tpu storage slice at byte {skip} read as {dtype}")
+    offset += skip // size1
+    size, stride = tuple(size), tuple(stride)
+    root = TpuTensor._wrap(contiguous_spec(st.value.shape, _dtypes.to_torch(st.value.dtype)), st)
+    if root.dtype == dtype:
+        return aten.as_strided.default(root, size, stride, offset)
+    if len(size) == 1 and (stride == (1,) or size[0] <= 1):
+        flat = aten.view.dtype(aten.view.default(root, [-1]), dtype)
+        return aten.slice.Tensor(flat, 0, offset, offset + size[0])
+    raise NotImplementedError(
+        f"lazyrt: a {root.dtype} tpu storage read as {dtype} with sizes {list(size)} and "
+        f"strides {list(stride)}: only its values as one run of {dtype} are supported")
+
+
+def _over_storage(t: torch.Tensor) -> TpuTensor:
+    """A plain tensor C++ made on a tpu storage's address (``at::from_blob``, as the legacy
+    serializer does) as the tpu tensor it reads."""
+    return _alias(t.untyped_storage(), t.dtype, t.storage_offset(), t.shape, t.stride())
+
+
+def set_storage(e, args, kwargs):
+    """``t.set_(storage[, offset, size, stride])`` with a tpu tensor's storage (what storage
+    methods and TorchScript's serializer do): ``t`` aliases that tensor's storage."""
+    self, source = args[0], args[1]
+    rest = list(args[2:]) + [kwargs[k] for k in ("storage_offset", "size", "stride") if k in kwargs]
+    if not rest:
+        rest = (0, (source.nbytes() // self.element_size(),), (1,))
+    self._rebind(_alias(source, self.dtype, *rest))
+    return self
+
+
 def is_set_to(e, args, kwargs):
     """Whether both tensors are the same storage, offset, sizes and strides."""
     a, b = args[0], args[1]
@@ -414,6 +458,8 @@ SPECIAL = {
     aten.resize_as_.default: resize_as_,
     aten.record_stream.default: record_stream,
     aten.set_.source_Tensor: set_source,
+    aten.set_.source_Storage: set_storage,
+    aten.set_.source_Storage_storage_offset: set_storage,
     aten.set_.default: set_empty,
     aten.is_set_to.default: is_set_to,
     aten._linalg_det.default: det_of_strided,

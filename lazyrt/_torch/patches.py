@@ -1,4 +1,5 @@
-"""Every change lazyrt makes to PyTorch's own Python objects, in one place.
+"""Every change lazyrt makes to PyTorch's own Python objects, in one place (with
+``patches_io``: saving, loading and tracing).
 
 Checked against torch 2.13.0 (the pinned release). Each patch says what it changes,
 why lazyrt needs it, and what to look at when torch moves. ``tests/test_structure.py``
@@ -8,12 +9,14 @@ fails loudly if a patched attribute disappears. (Kernels registered through the 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
 from .._base.tensor import TpuTensor
 from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
+from . import patches_io as _patches_io
 
 _installed = []
 
@@ -109,58 +112,6 @@ def _accelerator_api() -> None:
                 setattr(mod, name, fn)
 
 
-def _is_tpu_location(loc) -> bool:
-    if isinstance(loc, str):
-        return loc == "tpu" or loc.startswith("tpu:")
-    return isinstance(loc, torch.device) and loc.type == "tpu"
-
-
-def _tree_to_tpu(obj, memo: dict):
-    """``obj`` (what ``torch.load`` returned) with every tensor moved to tpu: parameters
-    stay parameters, ``requires_grad`` is kept, a tensor met twice moves once."""
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            t = obj.detach().to("tpu")
-            if isinstance(obj, torch.nn.Parameter):
-                t = torch.nn.Parameter(t, requires_grad=obj.requires_grad)
-            elif obj.requires_grad:
-                t.requires_grad_(True)
-            memo[id(obj)] = t
-        return memo[id(obj)]
-    if isinstance(obj, dict):
-        out = type(obj)() if type(obj) is not dict else {}
-        for k, v in obj.items():
-            out[k] = _tree_to_tpu(v, memo)
-        if hasattr(obj, "_metadata"):  # a state_dict's OrderedDict
-            out._metadata = obj._metadata
-        return out
-    if isinstance(obj, list):
-        return [_tree_to_tpu(v, memo) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_tree_to_tpu(v, memo) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    return obj
-
-
-def _load_to_tpu() -> None:
-    """``torch.load`` (and ``torch.serialization.load``): ``map_location="tpu"`` (or a
-    tpu ``torch.device``) moves *storages* to the device and rebuilds each tensor on its
-    storage (``set_``), and a tpu tensor has no byte storage; so such a load reads onto
-    the CPU and moves each tensor to tpu."""
-    import torch.serialization as ser
-
-    orig = ser.load
-
-    @functools.wraps(orig)
-    def load(f, map_location=None, *args, **kwargs):
-        if not _is_tpu_location(map_location):
-            return orig(f, map_location, *args, **kwargs)
-        return _tree_to_tpu(orig(f, "cpu", *args, **kwargs), {})
-
-    ser.load = load
-    torch.load = load
-
-
 def _matmul_precision() -> None:
     """``torch.set_float32_matmul_precision``: lowerings read the precision when they are
     traced and compiled plans bake it in, so a change flushes pending work first (it was
@@ -174,11 +125,17 @@ def _matmul_precision() -> None:
     torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
-def _keep_tied_parameters() -> None:
-    """``torch.nn.Module._apply``: ``model.to("tpu")`` keeps tied parameters tied (GPT-2's
-    lm_head/embedding). For CUDA, ``Module._apply`` swaps ``param.data`` in place, so a
-    parameter shared by two modules stays one object; for a wrapper subclass PyTorch makes
-    a new Parameter per module instead, silently untying them. Re-tie afterwards.
+def _keep_parameter_objects() -> None:
+    """``torch.nn.Module._apply``: ``model.to("tpu")`` (and back) keeps each Parameter
+    object, as it does for CUDA, so references and optimizers made before the move stay
+    valid, and tied parameters (GPT-2's lm_head/embedding) stay one object. For CUDA,
+    ``Module._apply`` swaps ``param.data`` in place; for a wrapper subclass PyTorch makes a
+    new Parameter per module instead. Afterwards each original parameter takes the new
+    one's contents (``torch.utils.swap_tensors``, what ``_apply`` itself does under
+    ``torch.__future__.set_swap_module_params_on_conversion``, gradient included) and goes
+    back into every module that held it. Where swapping is refused (a weak reference to
+    the parameter, e.g. a Dynamo guard; an autograd graph holding it), the new Parameter
+    stays, re-tied, with a warning.
     In defer mode the conversion is then flushed: a move from the CPU records nothing
     (``_special.copy_``), but a conversion of parameters already on tpu (``.to(bf16)``,
     ``.half()``) would otherwise be recorded into the first training step's trace, which
@@ -193,22 +150,38 @@ def _keep_tied_parameters() -> None:
         for mod in self.modules():
             for name, p in mod._parameters.items():
                 if p is not None:
-                    owners.setdefault(id(p), []).append((mod, name))
+                    owners.setdefault(id(p), (p, []))[1].append((mod, name))
         depth[0] += 1
         try:
             out = orig(self, fn, recurse)
         finally:
             depth[0] -= 1
-        for group in owners.values():
-            if len(group) > 1:
-                first_mod, first_name = group[0]
-                keep = first_mod._parameters[first_name]
-                for mod, name in group[1:]:
-                    mod._parameters[name] = keep
+        for old, group in owners.values():
+            first_mod, first_name = group[0]
+            keep = first_mod._parameters[first_name]
+            if keep is not old and (isinstance(keep, TpuTensor) or isinstance(old, TpuTensor)):
+                keep = _swap_into(old, keep)
+            for mod, name in group:
+                mod._parameters[name] = keep
         _control.flush_pending("Module._apply (model.to)")
         return out
 
     torch.nn.Module._apply = _apply
+
+
+def _swap_into(old, new):
+    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` (with a
+    warning) where PyTorch refuses the swap."""
+    try:
+        torch.utils.swap_tensors(old, new)
+    except (RuntimeError, TypeError) as e:
+        warnings.warn(
+            f"lazyrt: Module.to made a new Parameter of shape {tuple(old.shape)} on "
+            f"{new.device}: the old one could not take its place ({e}); references to the "
+            "old Parameter (an optimizer made before the move) no longer see the module's",
+            stacklevel=4)
+        return new
+    return old
 
 
 def _foreach_for_tpu_parameters() -> None:
@@ -256,8 +229,8 @@ def _flex_attention_devices() -> None:
 
 
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
-           _keep_tied_parameters, _foreach_for_tpu_parameters,
-           _tpu_generators, _accelerator_api, _load_to_tpu, _flex_attention_devices)
+           _keep_parameter_objects, _foreach_for_tpu_parameters,
+           _tpu_generators, _accelerator_api, _flex_attention_devices) + _patches_io.PATCHES
 
 
 def install_dynamo(on_recompile_limit) -> None:

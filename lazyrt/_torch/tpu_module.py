@@ -41,6 +41,20 @@ def set_device(device) -> None:
         raise RuntimeError(f"lazyrt: invalid device ordinal {idx}; there is 1 tpu device")
 
 
+class device:
+    """``torch.tpu.device(d)``: the device context manager of ``torch.cuda.device``; there
+    is one tpu device, so entering it changes nothing (PyTorch's storage moves enter it)."""
+
+    def __init__(self, device):
+        set_device(device if device is not None else 0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def _getattr(name):
     if name == "eager_mode":
         return eager_mode()
@@ -60,6 +74,7 @@ def populate() -> None:
     m.device_count = lambda: 1
     m.current_device = lambda: 0
     m.set_device = set_device
+    m.device = device
     m.synchronize = lambda device=None: sync()
     m.manual_seed = lambda seed: _rng.manual_seed(seed)
     m.manual_seed_all = lambda seed: _rng.manual_seed(seed)

@@ -223,6 +223,15 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     return out
 
 
+# NOTE: what a TorchScript trace records for a convolution, as on the CPU (``_torch.patches.
+# _jit_trace_untraced_dispatch``); the flags choose among CUDA/cuDNN kernels.
+@lower(aten._convolution.default)
+def _convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                 groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    return convolution(input, weight, bias, stride, padding, dilation, transposed,
+                       output_padding, groups)
+
+
 @lower(aten.convolution_backward.default)
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):

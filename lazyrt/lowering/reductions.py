@@ -161,7 +161,9 @@ def argmin(self, dim=None, keepdim=False):
     return jnp.argmin(self, axis=canon_dim(dim, self.ndim), keepdims=keepdim)
 
 
-@lower(aten.any.default)
+# NOTE: ``_is_all_true``/``_is_any_true`` (bool inputs only, PyTorch's own check) are what
+# ``torch._check_tensor_all`` and torch.distributions' argument checks call.
+@lower(aten.any.default, aten._is_any_true.default)
 def any_all(self):
     return jnp.any(self != 0)
 
@@ -171,7 +173,7 @@ def any_dim(self, dim=None, keepdim=False):
     return jnp.any(self != 0, axis=dims(dim, self.ndim), keepdims=keepdim)
 
 
-@lower(aten.all.default)
+@lower(aten.all.default, aten._is_all_true.default)
 def all_all(self):
     return jnp.all(self != 0)
 
