@@ -310,6 +310,17 @@ def device_stats() -> dict | None:
     return dict(stats) if stats else None
 
 
+def device_memory_info() -> tuple[int, int] | None:
+    """(free, total) bytes of the device as its runtime reports them (GPU/TPU: ``bytes_limit``
+    minus ``bytes_in_use``, every array counted, not only lazyrt's); None where JAX reports
+    no limit (the CPU platform)."""
+    stats = device_stats() or {}
+    total = int(stats.get("bytes_limit", 0) or 0)
+    if total <= 0:
+        return None
+    return max(0, total - int(stats.get("bytes_in_use", 0) or 0)), total
+
+
 def memory_stats() -> dict:
     """Counters in the style of ``torch.cuda.memory_stats()``."""
     _observe(_state["live"])
