@@ -14,6 +14,7 @@ from ._ops.dispatch import dispatch
 from ._ops.resolve import resolve
 from ._ops.special import copy_
 from ._torch import autocast as _autocast
+from ._torch import clients as _clients
 from ._torch import patches as _patches
 from ._torch import tpu_module as _tpu_module
 from .lowering import pallas_router as _pallas
@@ -111,6 +112,7 @@ def install() -> None:
     from ._compile import api as compile_api
 
     _patches.install(compile_api.compile)
+    _clients.install()
     # The c10d backends "tpu"/"tpu_dist" (~30 us; the backend itself, torch.distributed's
     # process groups and jax.distributed load at init_process_group).
     from .distributed import register_backends

@@ -330,6 +330,9 @@ def memory_stats() -> dict:
         "live_bytes.all.peak": _state["live_peak"],
         "active_bytes.all.current": _state["live"],
         "active_bytes.all.peak": _state["live_peak"],
+        # no caching allocator in front of XLA's: what is reserved is what is allocated
+        "reserved_bytes.all.current": _state["live"],
+        "reserved_bytes.all.peak": _state["peak"],
         "allocation.all.current": len(_live),
         "num_tracked_arrays": len(_live),
         "num_executions": int(COUNTERS["executions"]),
