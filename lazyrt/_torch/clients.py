@@ -189,14 +189,17 @@ def _patch_cb_padding(cb) -> None:
     applied["cb_padding"] = "model_runner.ModelRunner.__init__, maybe_pad_inputs, warmup"
 
 
-def _patch_transformers_cb(cb) -> None:
+def _patch_transformers_cb(api) -> None:
+    """Run when ``continuous_api`` has loaded: it imports every module patched here."""
     import importlib
 
-    for sub in ("utils", "cache", "input_outputs", "model_runner", "continuous_api"):
-        importlib.import_module(f"{_CB}.{sub}")
+    pkg = sys.modules[_CB]
+    for sub in ("utils", "cache", "input_outputs", "model_runner"):
+        setattr(pkg, sub, importlib.import_module(f"{_CB}.{sub}"))
+    pkg.continuous_api = api
     for patch in (_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding):
         try:
-            patch(cb)
+            patch(pkg)
         except AttributeError as e:
             warnings.warn(f"lazyrt: transformers' continuous batching moved ({e}); patch "
                           f"{patch.__name__[7:]} is not applied (written for transformers 5.24)",
@@ -206,7 +209,10 @@ def _patch_transformers_cb(cb) -> None:
 
 # ---- the import hook -----------------------------------------------------------------------
 
-PATCHES = {_CB: _patch_transformers_cb}  # module -> patch, run once the module has loaded
+# module -> patch, run once the module has loaded. NOTE: a module that imports the others it
+# patches: a package's own module may still be loading when lazyrt is imported (importing
+# it imports torch, whose device autoload imports lazyrt), its last import may not.
+PATCHES = {f"{_CB}.continuous_api": _patch_transformers_cb}
 _pending = dict(PATCHES)
 
 
@@ -256,8 +262,13 @@ def install() -> None:
     """Patch the libraries already imported; hook the import of the others."""
     for name in list(_pending):
         mod = sys.modules.get(name)
-        if mod is not None:
-            del _pending[name]
+        if mod is None:
+            continue
+        del _pending[name]
+        if getattr(mod.__spec__, "_initializing", False):
+            warnings.warn(f"lazyrt: {name} was loading when lazyrt was imported; its patch is "
+                          "not applied (import lazyrt first)", stacklevel=2)
+        else:
             PATCHES[name](mod)
     if _pending and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
