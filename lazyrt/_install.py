@@ -119,6 +119,7 @@ def install() -> None:
 
     _patches.install(compile_api.compile)
     _flex.register()
+    _clients.install()
     # The c10d backends "tpu"/"tpu_dist" (~30 us; the backend itself, torch.distributed's
     # process groups and jax.distributed load at init_process_group).
     from .distributed import register_backends

@@ -8,6 +8,7 @@ from ._base.memory import (
     MemoryAnalysis,
     add_listener,
     clear_log,
+    device_memory_info,
     device_stats,
     flush_log,
     live_arrays,
@@ -18,9 +19,10 @@ from ._base.memory import (
     peak_info,
     reset_peak_memory_stats,
 )
+from ._torch.tpu_module import mem_get_info
 
 __all__ = [
-    "FlushRecord", "MemoryAnalysis", "add_listener", "clear_log", "device_stats", "flush_log",
-    "live_arrays", "live_bytes", "max_memory_allocated", "memory_stats", "memory_summary",
-    "peak_info", "reset_peak_memory_stats",
+    "FlushRecord", "MemoryAnalysis", "add_listener", "clear_log", "device_memory_info",
+    "device_stats", "flush_log", "live_arrays", "live_bytes", "max_memory_allocated",
+    "mem_get_info", "memory_stats", "memory_summary", "peak_info", "reset_peak_memory_stats",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 MODES = ("strict", "debug", "defer")
 
@@ -49,6 +50,40 @@ def _env_count(name: str, default: int) -> int:
 
 def _env_float(name: str, default: float) -> float:
     return _env_number(name, default, float, "a number")
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
+               "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4,
+               "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_memory(name: str, v: str) -> int | float:
+    """A memory size: bytes (``"4GiB"``, ``"512MB"``, ``"1073741824"``) as an int, or a share
+    of the host's memory (``"50%"``) as a float in (0, 1]."""
+    s = v.strip().lower().replace(" ", "")
+    if s.endswith("%"):
+        try:
+            share = float(s[:-1]) / 100
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 1:
+            raise ValueError(f"lazyrt: {name}={v!r}: a share of host memory must be in (0%, 100%]")
+        return share
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", s)
+    if m is None or m.group(2) not in _BYTE_UNITS:
+        raise ValueError(f"lazyrt: {name}={v!r} is not a memory size; use e.g. 8GiB, 512MB, "
+                         "1073741824 (bytes) or 50% (of the host's memory)")
+    n = int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
+    if n <= 0:
+        raise ValueError(f"lazyrt: {name}={v!r} must be positive")
+    return n
+
+
+def _env_memory(name: str, default: int | float) -> int | float:
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    return parse_memory(name, v)
 
 
 def _env_mode() -> str:
@@ -94,6 +129,10 @@ class Config:
     record_source: bool = False
     # on XLA:CPU, keep freed host memory in malloc's heap for reuse (see _hostmem.py).
     host_malloc_cache: bool = True
+    # The device memory lazyrt reports on the CPU platform (where XLA has no memory limit of
+    # its own): bytes, or a float in (0, 1] = that share of the host's memory (cgroup-aware).
+    # Ignored where JAX reports the device's limit (GPU/TPU). See docs/huggingface.md.
+    device_memory: int | float = 0.5
 
     @classmethod
     def from_env(cls) -> Config:
@@ -114,6 +153,7 @@ class Config:
             pallas=pallas,
             record_source=_env_bool("LAZYRT_RECORD_SOURCE"),
             host_malloc_cache=_env_bool("LAZYRT_HOST_MALLOC_CACHE", True),
+            device_memory=_env_memory("LAZYRT_DEVICE_MEMORY", 0.5),
         )
 
 

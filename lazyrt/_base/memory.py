@@ -310,6 +310,17 @@ def device_stats() -> dict | None:
     return dict(stats) if stats else None
 
 
+def device_memory_info() -> tuple[int, int] | None:
+    """(free, total) bytes of the device as its runtime reports them (GPU/TPU: ``bytes_limit``
+    minus ``bytes_in_use``, every array counted, not only lazyrt's); None where JAX reports
+    no limit (the CPU platform)."""
+    stats = device_stats() or {}
+    total = int(stats.get("bytes_limit", 0) or 0)
+    if total <= 0:
+        return None
+    return max(0, total - int(stats.get("bytes_in_use", 0) or 0)), total
+
+
 def memory_stats() -> dict:
     """Counters in the style of ``torch.cuda.memory_stats()``."""
     _observe(_state["live"])
@@ -319,6 +330,9 @@ def memory_stats() -> dict:
         "live_bytes.all.peak": _state["live_peak"],
         "active_bytes.all.current": _state["live"],
         "active_bytes.all.peak": _state["live_peak"],
+        # no caching allocator in front of XLA's: what is reserved is what is allocated
+        "reserved_bytes.all.current": _state["live"],
+        "reserved_bytes.all.peak": _state["peak"],
         "allocation.all.current": len(_live),
         "num_tracked_arrays": len(_live),
         "num_executions": int(COUNTERS["executions"]),

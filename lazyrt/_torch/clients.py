@@ -1,12 +1,34 @@
-"""Patches of client libraries (transformers, ...) where they handle CUDA, XLA and named
-accelerators but leave out a PrivateUse1 device, so a CUDA script moved to ``tpu`` would
-silently behave differently.
+"""Every change lazyrt makes to a client library (not torch), in one place.
 
-Each patch is keyed by the module it changes and applied when that module is first
-imported (``_PostImport``, a finder on ``sys.meta_path`` that wraps only those modules'
-loaders), or at ``install`` if it already is: importing lazyrt imports no client library.
-Each one names the version it was checked against and the upstream change that would make
-it unnecessary. A patch that no longer fits its library warns and leaves it as it is.
+A client library hard-codes the devices it knows (``cuda``, ``xpu``, ``mps``); where that
+leaves ``tpu`` sizing memory from the wrong device or recompiling every step, a patch here
+gives tpu what those devices get. Each patch is installed when its library is imported
+(an import hook: ``import lazyrt`` imports none of them), says what it changes, why, and
+which version it was written against, and has a behaviour test (``tests/test_clients.py``).
+A patch whose target has moved is skipped with a warning naming it, never half applied.
+
+transformers 5.24, continuous batching (``model.generate_batch``, ``transformers serve``):
+
+* ``cb_memory``: the paged cache is sized from ``get_device_and_memory_breakdown()``, which
+  knows cuda/xpu/mps and otherwise reports the host's whole RAM. For a cache on tpu it
+  reports ``torch.tpu.mem_get_info()`` (the device's limit, or lazyrt's budget on the CPU
+  platform).
+* ``cb_host_inputs``: each step's inputs (token ids, positions, cumulative lengths, cache
+  read/write indices, attention masks) are built by slicing, filling and ``triu_``-ing
+  device buffers with per-step bounds, which an XLA device compiles anew each step. For a
+  tpu model they are built on the host (transformers' own code on CPU buffers, as its async
+  host/device IO pair does for CUDA) and moved to tpu each step; the attention mask is
+  built at the step's padded size only, never the whole [max_batch_tokens, cache] buffer.
+* ``cb_padding``: batch shapes are padded (``ModelRunner.pad_inputs``) only for CUDA graphs
+  or torch.compile; on tpu they always are, to powers of two (at least 8 query and 64 key
+  tokens), so a run compiles one program per padded (query, key) size, not one per step.
+  The warmup, which captures CUDA graphs at the largest sizes, is skipped on tpu.
+
+transformers 5.24, ``Trainer``:
+
+* ``trainer_rng``: a checkpoint's RNG file holds cuda's and xla's generator states but not
+  tpu's, so a resumed run would draw other dropout masks; tpu's state is saved and
+  restored beside them.
 """
 from __future__ import annotations
 
@@ -19,9 +41,183 @@ import warnings
 import torch
 
 from .._base import rng as _rng
+from .._ops.control import sync
+from . import tpu_module as _tpu_module
+
+_CB = "transformers.generation.continuous_batching"
+_MIN_Q, _MIN_KV = 8, 64  # the smallest padded query and key lengths on tpu
+applied: dict[str, str] = {}  # patch name -> what it patched (tests read it)
+_local = threading.local()
 
 
-def _trainer_tpu_rng_state(mod) -> None:
+# ---- transformers continuous batching ------------------------------------------------------
+
+def _is_tpu(device) -> bool:
+    return device is not None and torch.device(device).type == "tpu"
+
+
+def _patch_cb_memory(cb) -> None:
+    utils, cache = cb.utils, cb.cache
+    orig = utils.get_device_and_memory_breakdown
+    cache_init = cache.PagedAttentionCache.__init__
+
+    def get_device_and_memory_breakdown():
+        if not getattr(_local, "tpu_cache", False):
+            return orig()
+        sync()  # pending work counts once it is materialized
+        free, total = _tpu_module.mem_get_info()
+        used = total - free
+        return torch.device("tpu"), total, used, used
+
+    def __init__(self, config, continuous_batching_config, device, *args, **kwargs):
+        prev = getattr(_local, "tpu_cache", False)
+        _local.tpu_cache = _is_tpu(device)
+        try:
+            cache_init(self, config, continuous_batching_config, device, *args, **kwargs)
+        finally:
+            _local.tpu_cache = prev
+
+    get_device_and_memory_breakdown.__wrapped__ = orig
+    utils.get_device_and_memory_breakdown = get_device_and_memory_breakdown
+    cache.get_device_and_memory_breakdown = get_device_and_memory_breakdown
+    cache.PagedAttentionCache.__init__ = __init__
+    applied["cb_memory"] = "utils/cache.get_device_and_memory_breakdown, PagedAttentionCache.__init__"
+
+
+def _tpu_ios_class(io_mod):
+    """``ContinuousBatchingIOs`` for a tpu model: every buffer on the host, the step's model
+    kwargs moved to the device (``get_model_kwargs``)."""
+    base = io_mod.ContinuousBatchingIOs
+    build_attention_mask = io_mod.build_attention_mask
+
+    class TpuContinuousBatchingIOs(base):
+        def __init__(self, *, device, **kwargs):
+            self.model_device = torch.device(device)
+            super().__init__(device=torch.device("cpu"), **kwargs)
+
+        def _setup_static_tensors(self, logit_processor) -> None:
+            super()._setup_static_tensors(logit_processor)
+            if self.attention_mask is not None:
+                # NOTE: transformers' [1, 1, max_batch_tokens, cache + max_batch_tokens] buffers
+                # (never touched yet) give way to empty ones its own code fills and resets
+                # harmlessly; get_model_kwargs builds each step's mask at its padded size.
+                self.attention_mask = {k: torch.empty((1, 1, 0, 0), dtype=self.model_dtype)
+                                       for k in self.attention_mask}
+
+        def _step_masks(self, use_padding: bool) -> dict:
+            q_size = self.num_q_tokens
+            n = self._get_num_sequences(use_padding=use_padding) + 1
+            cu_q = self.cumulative_seqlens_q[:n].tolist()
+            out = {}
+            for layer_type, cu_k in self.cumulative_seqlens_k.items():
+                k_len = (self.max_kv_read + q_size if use_padding
+                         else self.total_seqlen_k[layer_type])
+                mask = torch.full((1, 1, q_size, k_len), torch.finfo(self.model_dtype).min,
+                                  dtype=self.model_dtype)
+                window = (getattr(self.config, "sliding_window", None)
+                          if layer_type == "sliding_attention" else 1)
+                build_attention_mask(mask, cu_q, cu_k[:n].tolist(), sliding_window=window)
+                out[layer_type] = mask
+            return out
+
+        def get_model_kwargs(self, use_padding: bool = False):
+            kwargs = super().get_model_kwargs(use_padding=use_padding)
+            if self.attention_mask is not None:
+                masks = self._step_masks(use_padding)
+                kwargs["attention_mask"] = (masks if isinstance(kwargs["attention_mask"], dict)
+                                            else next(iter(masks.values())))
+            dev = self.model_device
+            for key, v in kwargs.items():
+                if isinstance(v, torch.Tensor):
+                    kwargs[key] = v.to(dev)
+                elif isinstance(v, dict):
+                    kwargs[key] = {k: t.to(dev) if isinstance(t, torch.Tensor) else t
+                                   for k, t in v.items()}
+                elif isinstance(v, list):
+                    kwargs[key] = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in v]
+            return kwargs
+
+    TpuContinuousBatchingIOs.__qualname__ = "TpuContinuousBatchingIOs"
+    return TpuContinuousBatchingIOs
+
+
+def _patch_cb_host_inputs(cb) -> None:
+    api, io_mod = cb.continuous_api, cb.input_outputs
+    base = io_mod.ContinuousBatchingIOs
+    for name in ("_setup_static_tensors", "get_model_kwargs", "_get_num_sequences"):
+        if not hasattr(base, name):
+            raise AttributeError(f"ContinuousBatchingIOs.{name}")
+    if api.ContinuousBatchingIOs is not base:
+        raise AttributeError("continuous_api.ContinuousBatchingIOs is not input_outputs'")
+    tpu_ios = _tpu_ios_class(io_mod)
+
+    def make_ios(*, device, **kwargs):
+        """``ContinuousBatchingIOs(...)`` as continuous_api calls it: the host-built
+        variant for a tpu model."""
+        cls = tpu_ios if _is_tpu(device) else base
+        return cls(device=device, **kwargs)
+
+    make_ios.tpu_class = tpu_ios
+    api.ContinuousBatchingIOs = make_ios
+    applied["cb_host_inputs"] = "continuous_api.ContinuousBatchingIOs"
+
+
+def _patch_cb_padding(cb) -> None:
+    mr = cb.model_runner
+    runner = mr.ModelRunner
+    orig_init, orig_pad, orig_warmup = runner.__init__, runner.maybe_pad_inputs, runner.warmup
+    pad_to_pow2 = mr.pad_to_pow2
+    tpu_ios = cb.continuous_api.ContinuousBatchingIOs.tpu_class
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        self._lazyrt_tpu = isinstance(self.inputs_and_outputs, tpu_ios)
+        if self._lazyrt_tpu:
+            self.pad_inputs = True
+
+    def maybe_pad_inputs(self, num_q_tokens, max_kv_read, use_decode_fast_path):
+        if not getattr(self, "_lazyrt_tpu", False):
+            return orig_pad(self, num_q_tokens, max_kv_read, use_decode_fast_path)
+        # NOTE: powers of two: a run compiles at most log2 sizes of each, and pads at most 2x
+        # (CUDA graphs pad keys to 16384-token intervals, which a masked attention pays in full).
+        q = pad_to_pow2(num_q_tokens, self.cache.max_batch_tokens, _MIN_Q)
+        kv = pad_to_pow2(max_kv_read, self.cache.max_tokens_read, _MIN_KV) if max_kv_read else 0
+        return q, kv
+
+    def warmup(self, model):
+        # NOTE: the warmup captures CUDA graphs at the largest sizes (a [max_batch_tokens,
+        # whole cache] attention); on tpu each padded size compiles when first used.
+        if getattr(self, "_lazyrt_tpu", False):
+            return None
+        return orig_warmup(self, model)
+
+    for fn, orig in ((__init__, orig_init), (maybe_pad_inputs, orig_pad), (warmup, orig_warmup)):
+        fn.__wrapped__ = orig
+        setattr(runner, fn.__name__, fn)
+    applied["cb_padding"] = "model_runner.ModelRunner.__init__, maybe_pad_inputs, warmup"
+
+
+def _patch_transformers_cb(api) -> None:
+    """Run when ``continuous_api`` has loaded: it imports every module patched here."""
+    import importlib
+
+    pkg = sys.modules[_CB]
+    for sub in ("utils", "cache", "input_outputs", "model_runner"):
+        setattr(pkg, sub, importlib.import_module(f"{_CB}.{sub}"))
+    pkg.continuous_api = api
+    for patch in (_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding):
+        try:
+            patch(pkg)
+        except AttributeError as e:
+            warnings.warn(f"lazyrt: transformers' continuous batching moved ({e}); patch "
+                          f"{patch.__name__[7:]} is not applied (written for transformers 5.24)",
+                          stacklevel=2)
+            return
+
+
+# ---- transformers Trainer ------------------------------------------------------------------
+
+def _patch_trainer_rng(mod) -> None:
     """transformers ``Trainer._save_rng_state`` / ``_load_rng_state`` (5.24): a checkpoint's
     ``rng_state*.pth`` holds the RNG states of Python, NumPy, the CPU and of cuda, xla, npu,
     hpu, mlu and musa; not the tpu generator's. A run resumed from a checkpoint then draws
@@ -55,6 +251,7 @@ def _trainer_tpu_rng_state(mod) -> None:
     for f, orig in ((_save_rng_state, save), (_load_rng_state, load)):
         f.__doc__, f.__wrapped__, f._lazyrt = orig.__doc__, orig, True
     trainer._save_rng_state, trainer._load_rng_state = _save_rng_state, _load_rng_state
+    applied["trainer_rng"] = "trainer.Trainer._save_rng_state, _load_rng_state"
 
 
 def _rng_file(trainer, folder: str) -> str:
@@ -64,63 +261,78 @@ def _rng_file(trainer, folder: str) -> str:
     return os.path.join(folder, "rng_state.pth")
 
 
-# module name -> patches, applied once when the module has been imported
-_AFTER_IMPORT = {
-    "transformers.trainer": (_trainer_tpu_rng_state,),
-}
-_lock = threading.Lock()
-_pending: dict = {}
+# ---- the import hook -----------------------------------------------------------------------
+
+# module -> patch, run once the module has loaded. NOTE: a module that imports the others it
+# patches: a package's own module may still be loading when lazyrt is imported (importing
+# it imports torch, whose device autoload imports lazyrt), its last import may not.
+PATCHES = {f"{_CB}.continuous_api": _patch_transformers_cb,
+           "transformers.trainer": _patch_trainer_rng}
+_pending = dict(PATCHES)
 
 
-def _apply(name: str, module) -> None:
-    with _lock:
-        patches = _pending.pop(name, ())
-    for patch in patches:
-        try:
-            patch(module)
-        except Exception as e:  # a library version the patch does not fit
-            warnings.warn(f"lazyrt: could not patch {name} ({patch.__name__}): {e!r}; "
-                          "it runs as it is", stacklevel=2)
+def _run(patch, module) -> None:
+    """``patch(module)``; a library version it does not fit keeps running as it is."""
+    try:
+        patch(module)
+    except Exception as e:
+        warnings.warn(f"lazyrt: could not patch {module.__name__} ({patch.__name__}: {e!r}); "
+                      "it runs unpatched", stacklevel=2)
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a patched module's name it asks the other finders and
-    wraps the found loader's ``exec_module``, so the patches run right after the module."""
+class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, then its patch."""
 
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _pending:
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _run(self._patch, module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module with a patch it asks the finders after it and
+    wraps the loader they give."""
+
+    def find_spec(self, name, path, target=None):
+        patch = _pending.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(fullname, path, target)
+            spec = finder.find_spec(name, path, target)
             if spec is not None:
                 break
         else:
             return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_patch(module):
-            exec_module(module)
-            _apply(fullname, module)
-
-        loader.exec_module = exec_then_patch
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            del _pending[name]
+            spec.loader = _PatchingLoader(spec.loader, patch)
         return spec
 
 
-_FINDER = _PostImport()
+_finder = _Finder()
 
 
 def install() -> None:
-    with _lock:
-        for name, patches in _AFTER_IMPORT.items():
-            _pending.setdefault(name, patches)
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    """Patch the libraries already imported; hook the import of the others."""
     for name in list(_pending):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "__file__"):
-            _apply(name, module)
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        del _pending[name]
+        if getattr(mod.__spec__, "_initializing", False):
+            warnings.warn(f"lazyrt: {name} was loading when lazyrt was imported; its patch is "
+                          "not applied (import lazyrt first)", stacklevel=2)
+        else:
+            _run(PATCHES[name], mod)
+    if _pending and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)

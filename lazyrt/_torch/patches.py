@@ -93,6 +93,8 @@ _ACCELERATOR_ROUTES = {
     "memory_stats": lambda device_index=None: torch.tpu.memory_stats(),
     "reset_peak_memory_stats": lambda device_index=None: torch.tpu.reset_peak_memory_stats(),
     "reset_accumulated_memory_stats": lambda device_index=None: None,
+    # (free, total): the C++ default asserts tpu's allocator is a DeviceAllocator
+    "get_memory_info": lambda device_index=None: torch.tpu.mem_get_info(),
 }
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import jax
 import torch
 
-from .._base import memory
+from .._base import hostmem, memory
 from .._base import rng as _rng
+from .._base.config import config
 from .._base.device import TPU_MODULE
 from .._ops.control import EagerMode, eager_mode, set_eager_mode, sync
 from . import streams as _streams
@@ -21,13 +22,33 @@ class _DeviceProperties:
         self.name = get_device_name()
         self.platform = dev.platform
         self.device_kind = getattr(dev, "device_kind", dev.platform)
-        stats = memory.device_stats() or {}
-        self.total_memory = int(stats.get("bytes_limit", 0))
+        self.total_memory = mem_get_info()[1]
         self.jax_version = jax.__version__
 
     def __repr__(self):
         return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
                 f"device_kind='{self.device_kind}', total_memory={self.total_memory // 2**20}MB)")
+
+
+def budget() -> int:
+    """The device memory on the CPU platform, where XLA sets no limit: ``config.device_memory``
+    (``LAZYRT_DEVICE_MEMORY``) in bytes, or that share of the host's memory (default half of
+    it, cgroup limits applied): the host also holds CPU tensors, host copies and staging."""
+    want = config.device_memory
+    if isinstance(want, float):
+        return int(want * hostmem.total())
+    return int(want)
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """``(free, total)`` bytes, as ``torch.cuda.mem_get_info``. Where the runtime reports the
+    device's limit (GPU/TPU) these are its numbers; on the CPU platform total is ``budget()``
+    and free is what lazyrt's live arrays leave of it, at most what the host has available."""
+    info = memory.device_memory_info()
+    if info is not None:
+        return info
+    total = budget()
+    return max(0, min(total - memory.live_bytes(), hostmem.available())), total
 
 
 def get_device_name(device=None) -> str:
@@ -92,6 +113,10 @@ def populate() -> None:
     m.memory_allocated = lambda device=None: memory.live_bytes()
     m.max_memory_allocated = lambda device=None: memory.max_memory_allocated()
     m.reset_peak_memory_stats = lambda device=None: memory.reset_peak_memory_stats()
+    # no caching allocator in front of XLA's: what is reserved is what is allocated
+    m.memory_reserved = m.memory_allocated
+    m.max_memory_reserved = m.max_memory_allocated
+    m.mem_get_info = mem_get_info
     m.memory_stats = lambda device=None: memory.memory_stats()
     m.memory_summary = lambda device=None, abbreviated=False: memory.memory_summary()
     m.empty_cache = lambda: None
