@@ -114,7 +114,6 @@ def install() -> None:
     _autocast.register()
     _tpu_module.populate()
     _serialization.install()
-    _clients.install()
     from ._compile import api as compile_api
 
     _patches.install(compile_api.compile)
