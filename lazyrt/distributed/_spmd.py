@@ -154,13 +154,14 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
             raise ValueError(f"lazyrt: dimension {d} of size {t.shape[d]} cannot be split "
                              f"{k} ways (axes {names})")
     sharding = NamedSharding(mesh.jax_mesh, spec)
-    v = _rt.value_of(t)
-    if isinstance(v, _rt.Pending):
-        aval = (tuple(v.shape), np.dtype(v.dtype))
-        new = _rt.run(_constraint_prog(sharding, aval), [v])[0]
-    else:
-        new = _place(v, sharding)
-    _rt.write(t, new)
+    with _rt.locked():
+        v = _rt.value_of(t)
+        if isinstance(v, _rt.Pending):
+            aval = (tuple(v.shape), np.dtype(v.dtype))
+            new = _rt.run(_constraint_prog(sharding, aval), [v])[0]
+        else:
+            new = _place(v, sharding)
+        _rt.write(t, new)
     return t
 
 
