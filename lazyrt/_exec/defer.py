@@ -30,8 +30,9 @@ around it changes shape every call) gets a flush of its own (``isolated``).
 Threads: there is one pending trace per process, guarded by ``LOCK``. The
 dispatcher holds it for the whole of every op in defer mode (recording, storage
 registration, write-back) and a flush holds it from start to end, so an op is
-never split by another thread's flush. ``record`` and ``note_storage`` expect the
-caller to hold it.
+never split by another thread's flush. ``record`` and ``note_storage`` check that
+their caller holds it (whoever records a value and stores it in a tensor holds it for
+both: collectives, compiled graphs and SPMD marks too).
 """
 from __future__ import annotations
 
@@ -57,13 +58,7 @@ from .trace import _MASK, _SHIFT, Trace, explain, graph_text  # noqa: F401  (re-
 
 LOCK = threading.RLock()
 _owned = LOCK._is_owned
-
-
-def _unlocked(what: str):
-    raise RuntimeError(
-        f"lazyrt: internal error: {what} without the pending trace's lock (whoever records "
-        "a value and then stores it in a tensor holds lazyrt._exec.defer.LOCK for both)")
-
+_UNLOCKED = "lazyrt: internal error: {} without the pending trace's lock (defer.LOCK)"
 _X64 = jax.enable_x64
 
 
@@ -114,7 +109,7 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     The caller holds ``LOCK`` (checked: an op's record and its write-back must not be
     split by another thread's flush)."""
     if not _owned():
-        _unlocked("recording")
+        raise RuntimeError(_UNLOCKED.format("recording"))
     tr = _trace
     n = len(tr.nodes)
     # NOTE: both cuts are made before recording, while this op's inputs are still held
@@ -205,7 +200,7 @@ def note_storage(st, old) -> None:
     """``st`` now holds a pending value (of the current trace); ``old`` was its previous
     value. The caller holds ``LOCK``, so no flush ran since the value was recorded."""
     if not _owned():
-        _unlocked("storing a pending value")
+        raise RuntimeError(_UNLOCKED.format("storing a pending value"))
     tr = st.value.trace
     if tr.done:
         raise RuntimeError("lazyrt: internal error: a storage got a pending value of a trace "
@@ -297,11 +292,9 @@ def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
     return fn
 
 
-# A compiled graph whose flushes compiled this many times runs in a flush of its own
-# from then on (``isolated``). NOTE: not 2: the first two training steps of a compiled
-# gpt2 or lstm compile two different traces (the second step's differs from the first's),
-# and with 2 their graphs were isolated from step 3 on, 4 flushes a step instead of one
-# (tests/test_compile_models.py).
+# A compiled graph whose flushes compiled this many times gets flushes of its own
+# (``isolated``). NOTE: with 2, compiled gpt2/lstm training (whose first two steps differ)
+# ran 4 flushes a step from step 3 on (tests/test_compile_models.py).
 GRAPH_ISOLATE_MISSES = 3
 
 
@@ -338,9 +331,7 @@ def _hash_hex(key) -> str:
     return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
 
 
-# ---------------------------------------------------------------------------
-# flush
-# ---------------------------------------------------------------------------
+# ---- flush ----------------------------------------------------------------
 
 
 def retry(p: Pending) -> None:
