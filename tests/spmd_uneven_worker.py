@@ -35,7 +35,7 @@ def _trim(spec):
 def _error(fn):
     try:
         fn()
-    except Exception as e:  # noqa: BLE001 - the type and message are what is checked
+    except Exception as e:
         return type(e).__name__, str(e)
     return None, ""
 
@@ -75,7 +75,7 @@ def marks():
                     t = x.to("tpu")
                     if pending:
                         t = t * 1.0  # a pending value in defer mode
-                    err = _error(lambda t=t: ld.mark_sharding(t, mesh, spec))
+                    err = _error(lambda t=t, m=mesh, s=spec: ld.mark_sharding(t, m, s))
                     out.append((f"{tag}: accepted", err[1], ""))
                     if err[0] is not None:
                         continue
@@ -107,12 +107,12 @@ def marks():
             out.append((f"{mode} marked view (3 rows over 4): base", tb.cpu(), b))
     # truly invalid specs keep clear errors
     t = torch.randn(2, 8).to("tpu")
-    for name, spec, msg in (
-            ("unknown axis", ("tp", None), "'tp' is not an axis of the mesh"),
-            ("axis index out of range", (3, None), "out of range"),
-            ("axis used twice", ("fsdp", "fsdp"), "more than once"),
-            ("too many entries", ("fsdp", None, None), "3 entries for a 2-d tensor")):
-        typ, text = _error(lambda spec=spec: ld.mark_sharding(t, m1 if name != "axis index out of range" else m2, spec))
+    for name, mesh, spec, msg in (
+            ("unknown axis", m1, ("tp", None), "'tp' is not an axis of the mesh"),
+            ("axis index out of range", m2, (2, None), "out of range"),
+            ("axis used twice", m1, ("fsdp", "fsdp"), "more than once"),
+            ("too many entries", m1, ("fsdp", None, None), "3 entries for a 2-d tensor")):
+        typ, text = _error(lambda m=mesh, s=spec: ld.mark_sharding(t, m, s))
         out.append((f"error: {name}", (typ, msg in text), ("ValueError", True)))
     return out
 

@@ -206,8 +206,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
         else:
             new = _place(v, sharding)
         _rt.write(t, new)
-    if t._chain is None:
-        _requested[t._st] = (sharding, spec, whole)
+    st = _rt.base_storage(t)
+    if st is not None:
+        _requested[st] = (sharding, spec, whole)
     return t
 
 
@@ -255,7 +256,8 @@ def sharding_info(t) -> ShardingInfo:
     arr = _rt.array_of(t)
     sh = arr.sharding
     spec = sh.spec if isinstance(sh, NamedSharding) else P()
-    rec = _requested.get(t._st) if t._chain is None else None
+    st = _rt.base_storage(t)
+    rec = _requested.get(st) if st is not None else None
     same = rec is not None and isinstance(sh, NamedSharding) and sh.mesh == rec[0].mesh \
         and _trim(sh.spec) == _trim(rec[0].spec)
     requested, whole = (rec[1], rec[2]) if same else (None, ())
