@@ -47,6 +47,7 @@ def marks():
     """mark_sharding on uneven dimensions (1-D and 2-D meshes), then ops, in strict and
     defer; what sharding_info reports; the errors that stay errors."""
     import jax
+    from jax.sharding import PartitionSpec as P
 
     import lazyrt
     import lazyrt.distributed as ld
@@ -113,6 +114,7 @@ def marks():
     t = torch.randn(2, 8).to("tpu")
     for name, mesh, spec, msg in (
             ("unknown axis", m1, ("tp", None), "'tp' is not an axis of the mesh"),
+            ("unknown axis in a PartitionSpec", m1, P("tp", None), "'tp' is not an axis"),
             ("axis index out of range", m2, (2, None), "out of range"),
             ("axis used twice", m1, ("fsdp", "fsdp"), "more than once"),
             ("too many entries", m1, ("fsdp", None, None), "3 entries for a 2-d tensor")):

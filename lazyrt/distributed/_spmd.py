@@ -106,9 +106,8 @@ def get_global_mesh() -> Mesh | None:
 
 
 def _spec(partition_spec, mesh: Mesh) -> P:
-    """torch_xla's partition spec (axis names or indices, None, or tuples of them) -> P."""
-    if isinstance(partition_spec, P):
-        return partition_spec
+    """torch_xla's partition spec (axis names or indices, None, or tuples of them; or a
+    ``PartitionSpec``) -> P, every axis checked against the mesh."""
 
     def one(a):
         if a is None:
