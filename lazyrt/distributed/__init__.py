@@ -18,7 +18,7 @@ import importlib
 
 _LAZY = {
     "Mesh": "_spmd", "mark_sharding": "_spmd", "clear_sharding": "_spmd",
-    "get_sharding": "_spmd", "get_global_mesh": "_spmd", "set_global_mesh": "_spmd",
+    "get_sharding": "_spmd", "sharding_info": "_spmd", "get_global_mesh": "_spmd", "set_global_mesh": "_spmd",
     "FSDPv2": "_fsdpv2", "ProcessGroupTpu": "_backend", "dist_config": "_config",
     "set_fused": "_fused", "fused": "_fused", "sync": "_fused", "collective_log": "_fused",
 }

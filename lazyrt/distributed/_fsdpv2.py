@@ -1,8 +1,10 @@
 """FSDPv2 (torch_xla's ``SpmdFullyShardedDataParallel``): FSDP as sharding annotations.
 
 Every parameter is sharded over the mesh axis ``'fsdp'`` on its largest dimension that the
-axis size divides (the others, and parameters no dimension of which divides, stay
-replicated); inputs are sharded on their batch dimension. GSPMD then inserts the
+axis size divides; a parameter no dimension of which divides (a 2-class head's bias over
+4 devices) is marked on its largest dimension, unevenly, as torch_xla marks it, and
+``mark_sharding`` keeps that dimension whole (see ``_spmd``). Inputs are marked on their
+batch dimension (kept whole when the axis does not divide it). GSPMD then inserts the
 all-gathers of the forward and the reduce-scatters of the gradients; optimizer state
 follows the parameters' sharding. With a single controller this is one program per op
 (strict) or per step (defer), over all devices of the mesh.
@@ -15,12 +17,11 @@ from ._spmd import Mesh, get_global_mesh, mark_sharding
 
 
 def _param_spec(p: torch.Tensor, n: int, axis: str):
-    best = None
-    for d in range(p.dim()):
-        if p.shape[d] % n == 0 and p.shape[d] >= n and (best is None or p.shape[d] > p.shape[best]):
-            best = d
-    if best is None:
-        return (None,) * p.dim()
+    if p.dim() == 0:
+        return ()
+    even = [d for d in range(p.dim()) if p.shape[d] % n == 0 and p.shape[d] >= n]
+    dims = even or range(p.dim())
+    best = max(dims, key=lambda d: (p.shape[d], -d))
     return tuple(axis if d == best else None for d in range(p.dim()))
 
 
@@ -50,9 +51,7 @@ class FSDPv2(torch.nn.Module):
                 self.param_specs[name] = spec
 
     def _shard_input(self, x):
-        n = self.mesh.shape()[self.shard_axis]
-        if isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.dim() >= 1 \
-                and x.shape[0] % n == 0:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.dim() >= 1:
             spec = (self.shard_axis,) + (None,) * (x.dim() - 1)
             with torch.no_grad():
                 # NOTE: in place: the values stay, only their placement changes.

@@ -39,7 +39,7 @@ __all__ = [
     "value_of", "write", "run", "flush", "pending_count", "current_trace", "compile_lowered",
     "register_handler", "register_lowering", "to_jax_dtype", "to_torch_dtype", "X64",
     "set_spmd_runner", "host_to_device", "to_cpu", "track", "set_sharding_keys", "lean_lower",
-    "locked",
+    "locked", "base_storage",
 ]
 
 X64 = jax.enable_x64
@@ -96,6 +96,12 @@ def write(t: TpuTensor, value) -> None:
     if type(value) is not Pending:
         memory.track(value)
     _values.write(t, value)
+
+
+def base_storage(t: TpuTensor):
+    """``t``'s storage if ``t`` is a base tensor (not a view), else None: a key for what
+    holds while the storage's value is unchanged (aliases share it)."""
+    return t._st if t._chain is None else None
 
 
 def locked():

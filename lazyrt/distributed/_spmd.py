@@ -13,6 +13,15 @@ tuple) and in defer mode (the flush's cache key includes every input's sharding 
 Mesh exists). Tensors that were never marked are uncommitted single-device arrays, and
 JAX places them replicated next to sharded ones.
 
+Uneven shardings (a dimension the mesh axes do not divide, e.g. 2 rows over 4 devices)
+are accepted, as torch_xla accepts them. A ``jax.Array`` cannot be sharded unevenly (JAX
+requires the tiling to divide the shape), so lazyrt keeps such a dimension whole on every
+device: the stored sharding is the requested one with each uneven entry dropped to its
+longest prefix of axes that divides the dimension (often none: replicated). Values are
+exact, nothing is added to any op's path; the cost is memory (that dimension is not
+divided). ``get_sharding`` returns the stored sharding; ``sharding_info`` says what was
+asked for, which dimensions were kept whole and the bytes one device holds.
+
 Devices: ``device_ids`` index ``jax.devices()`` (all devices of all processes, in JAX's
 global order). One process with several CPU devices needs
 ``jax.config.update("jax_num_cpu_devices", N)`` before JAX's backend starts (importing
@@ -23,7 +32,9 @@ replicated.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import weakref
 from collections import OrderedDict
 
 import jax
@@ -95,9 +106,8 @@ def get_global_mesh() -> Mesh | None:
 
 
 def _spec(partition_spec, mesh: Mesh) -> P:
-    """torch_xla's partition spec (axis names or indices, None, or tuples of them) -> P."""
-    if isinstance(partition_spec, P):
-        return partition_spec
+    """torch_xla's partition spec (axis names or indices, None, or tuples of them; or a
+    ``PartitionSpec``) -> P, every axis checked against the mesh."""
 
     def one(a):
         if a is None:
@@ -105,6 +115,9 @@ def _spec(partition_spec, mesh: Mesh) -> P:
         if isinstance(a, (tuple, list)):
             return tuple(one(x) for x in a)
         if isinstance(a, int):
+            if not -len(mesh.axis_names) <= a < len(mesh.axis_names):
+                raise ValueError(f"lazyrt: mesh axis index {a} is out of range for the mesh "
+                                 f"{mesh.axis_names}")
             return mesh.axis_names[a]
         if a not in mesh.axis_names:
             raise ValueError(f"lazyrt: {a!r} is not an axis of the mesh {mesh.axis_names}")
@@ -137,23 +150,53 @@ def _place(arr, sharding):
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
+def _axes(entry) -> tuple:
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _stored_spec(spec: P, shape, mesh: Mesh) -> tuple[P, tuple]:
+    """The sharding a value of ``shape`` can hold for ``spec``, and the dimensions kept
+    (partly) whole: each entry keeps its longest prefix of axes that divides its dimension."""
+    sizes = mesh.shape()
+    out, whole = [], []
+    for d, entry in enumerate(spec):
+        axes = _axes(entry)
+        keep = len(axes)
+        while keep and shape[d] % math.prod(sizes[n] for n in axes[:keep]):
+            keep -= 1
+        if keep == len(axes):
+            out.append(entry)
+            continue
+        whole.append(d)
+        kept = axes[:keep]
+        out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return P(*out), tuple(whole)
+
+
+# Storage -> (the NamedSharding mark_sharding stored, the spec it was asked for, the
+# dimensions kept whole). Read by sharding_info only while the value keeps that sharding.
+_requested: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def mark_sharding(t, mesh: Mesh, partition_spec):
     """Shard the tpu tensor ``t`` over ``mesh`` as ``partition_spec`` says (one entry per
     dimension: a mesh axis name or index, a tuple of them, or None for replicated), in place;
-    returns ``t``. A pending value (defer mode) gets a sharding constraint node."""
+    returns ``t``. A pending value (defer mode) gets a sharding constraint node. A dimension
+    the axes do not divide is kept whole (see the module docstring)."""
     if not _rt.is_tpu(t):
         raise TypeError(f"lazyrt: mark_sharding needs a tpu tensor, got one on {t.device}")
     spec = _spec(partition_spec, mesh)
     if len(spec) != t.dim():
         raise ValueError(f"lazyrt: partition spec {tuple(partition_spec)} has {len(spec)} "
                          f"entries for a {t.dim()}-d tensor")
-    for d, a in enumerate(spec):
-        names = () if a is None else (a if isinstance(a, tuple) else (a,))
-        k = math.prod(mesh.shape()[n] for n in names)
-        if t.shape[d] % k:
-            raise ValueError(f"lazyrt: dimension {d} of size {t.shape[d]} cannot be split "
-                             f"{k} ways (axes {names})")
-    sharding = NamedSharding(mesh.jax_mesh, spec)
+    used = [n for entry in spec for n in _axes(entry)]
+    if len(set(used)) != len(used):
+        raise ValueError(f"lazyrt: partition spec {tuple(partition_spec)} uses a mesh axis "
+                         f"more than once")
+    stored, whole = _stored_spec(spec, tuple(t.shape), mesh)
+    sharding = NamedSharding(mesh.jax_mesh, stored)
+    # NOTE: the pending trace's lock from recording (a constraint node, or the write
+    # through a view) to the write-back: another thread's flush must not split them.
     with _rt.locked():
         v = _rt.value_of(t)
         if isinstance(v, _rt.Pending):
@@ -162,6 +205,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec):
         else:
             new = _place(v, sharding)
         _rt.write(t, new)
+    st = _rt.base_storage(t)
+    if st is not None:
+        _requested[st] = (sharding, spec, whole)
     return t
 
 
@@ -170,10 +216,50 @@ def clear_sharding(t):
     arr = _rt.array_of(t)
     sh = arr.sharding
     if isinstance(sh, NamedSharding):
-        _rt.write(t, _place(arr, NamedSharding(sh.mesh, P())))
+        with _rt.locked():
+            _rt.write(t, _place(arr, NamedSharding(sh.mesh, P())))
     return t
 
 
 def get_sharding(t):
     """The ``jax.sharding.Sharding`` of ``t``'s value (flushes a pending value)."""
     return _rt.array_of(t).sharding
+
+
+def _trim(spec) -> tuple:
+    """A PartitionSpec as a tuple without trailing Nones (P('x') == P('x', None))."""
+    t = list(spec)
+    while t and t[-1] is None:
+        t.pop()
+    return tuple(t)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingInfo:
+    """Where ``t``'s value lives. ``spec``: the PartitionSpec it is stored with;
+    ``requested``: the spec ``mark_sharding`` was given (None if the value no longer holds
+    what mark_sharding stored, e.g. an op wrote a new one); ``whole_dims``: requested
+    dimensions kept (partly) whole because the axes do not divide them; ``shard_shape``:
+    the block one device holds; ``bytes_per_device``: its size in bytes."""
+
+    spec: P
+    requested: P | None
+    whole_dims: tuple
+    shard_shape: tuple
+    bytes_per_device: int
+
+
+def sharding_info(t) -> ShardingInfo:
+    """What ``get_sharding`` says, plus what was asked for and each device's share
+    (flushes a pending value)."""
+    arr = _rt.array_of(t)
+    sh = arr.sharding
+    spec = sh.spec if isinstance(sh, NamedSharding) else P()
+    st = _rt.base_storage(t)
+    rec = _requested.get(st) if st is not None else None
+    same = rec is not None and isinstance(sh, NamedSharding) and sh.mesh == rec[0].mesh \
+        and _trim(sh.spec) == _trim(rec[0].spec)
+    requested, whole = (rec[1], rec[2]) if same else (None, ())
+    shard = tuple(sh.shard_shape(arr.shape))
+    return ShardingInfo(spec, requested, whole, shard,
+                        math.prod(shard) * np.dtype(arr.dtype).itemsize)
