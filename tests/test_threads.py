@@ -157,3 +157,44 @@ def test_fused_collectives_from_one_thread_while_another_records_and_syncs():
 
     res = launch(["fused_threads"], timeout=240)
     check_items(res)
+
+
+def test_mode_switches_in_one_thread_while_another_runs_ops():
+    """An op runs in the mode it started in: one thread switches strict <-> defer while
+    another runs in-place ops and reads; no op records into the pending trace without
+    its lock (which raised an internal error), and every value is right."""
+    errors: list = []
+    stop = threading.Event()
+
+    def switch() -> None:
+        try:
+            while not stop.is_set():
+                with lazyrt.set_mode("defer"):
+                    time.sleep(1e-4)
+                time.sleep(1e-4)
+        except Exception as e:
+            errors.append(f"switcher: {type(e).__name__}: {e}")
+
+    def ops() -> None:
+        try:
+            t = torch.zeros(8, device="tpu")
+            for i in range(1000):
+                t.add_(1).mul_(1.0)
+                if i % 100 == 99 and t.cpu().tolist() != [float(i + 1)] * 8:
+                    errors.append(f"step {i}: {t.cpu().tolist()}")
+        except Exception as e:
+            errors.append(f"ops: {type(e).__name__}: {e}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        sw, op = threading.Thread(target=switch), threading.Thread(target=ops)
+        sw.start()
+        op.start()
+        op.join(timeout=300)
+        stop.set()
+        sw.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not op.is_alive() and not sw.is_alive()
+    assert errors == []

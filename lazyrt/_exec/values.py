@@ -29,12 +29,17 @@ from . import strict as _strict
 from . import views as _views
 
 _X64 = jax.enable_x64
+_owned = _defer.LOCK._is_owned
 atexit.register(_asserts.at_exit, _defer.materialize)
 
 
 def run(prog: Prog, inputs: list, scalars: list) -> list:
-    """Run (strict/debug) or record (defer) ``prog``; returns its output values."""
-    if config.mode == "defer":
+    """Run (strict/debug) or record (defer) ``prog``; returns its output values.
+
+    An op's mode is the one it started in: a defer op holds the pending trace's lock from
+    the dispatcher on, and a mode switch takes that lock, so an op that started in strict
+    mode (no lock) while another thread switched to defer still runs strictly."""
+    if config.mode == "defer" and _owned():
         if not prog.const or not _defer.eager_const(inputs):
             return _defer.record(prog, inputs, scalars)
         return _strict.run(prog, inputs, scalars)

@@ -52,11 +52,14 @@ def _switch(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"lazyrt: unknown mode {mode!r}; valid modes are "
                          + ", ".join(repr(m) for m in MODES))
-    try:
-        if config.mode == "defer" and mode != "defer":
-            _defer.flush(reason="mode switch")
-    finally:  # switched even when the flush raises (a failed assert it read)
-        config.mode = mode
+    # NOTE: under the pending trace's lock: no defer op is half way through (it holds the
+    # lock from dispatch to write-back) when the mode changes (``_exec.values.run``)
+    with _defer.LOCK:
+        try:
+            if config.mode == "defer" and mode != "defer":
+                _defer.flush(reason="mode switch")
+        finally:  # switched even when the flush raises (a failed assert it read)
+            config.mode = mode
 
 
 def set_mode(mode: str | EagerMode) -> _ModeContext:
