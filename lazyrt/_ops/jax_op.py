@@ -76,6 +76,20 @@ def _default_text(v) -> str:
     return repr(v)
 
 
+def _pspec(s):
+    """A partition spec: ``PartitionSpec``, a tuple of axis names / None (torch_xla's form),
+    or a list/tuple of those (several outputs, a list of grads)."""
+    from jax.sharding import PartitionSpec as P
+
+    if s is None or isinstance(s, P):
+        return s if s is not None else P()
+    if isinstance(s, list) or (isinstance(s, tuple) and s and all(
+            isinstance(x, (P, list)) or (isinstance(x, tuple) and x and not all(
+                isinstance(y, str) for y in x)) for x in s)):
+        return type(s)(_pspec(x) for x in s)
+    return P(*s)
+
+
 class _Signature:
     """Which parameters of ``fn`` are tensors and which static, and the op's schema."""
 
@@ -83,7 +97,6 @@ class _Signature:
         sig = inspect.signature(fn)
         self.names = []
         self.tensor = []
-        self.defaults = {}
         parts = []
         static = set(static)
         for p in sig.parameters.values():
@@ -97,7 +110,6 @@ class _Signature:
                 txt = f"{t} {p.name}"
                 if p.default is not p.empty:
                     txt += "=" + _default_text(p.default)
-                    self.defaults[p.name] = p.default
                 parts.append(txt)
             else:
                 self.tensor.append(True)
@@ -108,11 +120,6 @@ class _Signature:
                             f"{sorted(unknown)}")
         self.args_text = "(" + ", ".join(parts) + ")"
         self.sig = sig
-
-    def bind(self, args, kwargs) -> list:
-        b = self.sig.bind(*args, **kwargs)
-        b.apply_defaults()
-        return [b.arguments[n] for n in self.names]
 
 
 def _static_value(v):
@@ -147,6 +154,8 @@ def _sharded(fn, mesh, in_specs, out_specs, tensor_mask):
         return fn
     from jax.sharding import PartitionSpec as P
 
+    mesh = getattr(mesh, "jax_mesh", mesh)  # a lazyrt.distributed.Mesh or a jax Mesh
+
     try:
         from jax import shard_map
     except ImportError:  # older JAX
@@ -161,33 +170,19 @@ def _sharded(fn, mesh, in_specs, out_specs, tensor_mask):
             full = [statics[i] if i in statics else next(it) for i in range(len(args))]
             return fn(*full)
 
-        ins = tuple(in_specs) if in_specs is not None else tuple(P() for _ in arrays)
-        outs = out_specs if out_specs is not None else P()
+        ins = tuple(_pspec(s) for s in in_specs) if in_specs is not None else tuple(
+            P() for _ in arrays)
+        outs = _pspec(out_specs) if out_specs is not None else P()
         return shard_map(inner, mesh=mesh, in_specs=ins, out_specs=outs)(*arrays)
 
     return run
 
 
-class JaxOp:
-    """The callable ``jax_op`` returns: binds Python arguments and calls the torch op."""
-
-    def __init__(self, opname, op, sig: _Signature, n_out: int):
-        self.name = opname
-        self.op = op  # the OpOverload (torch.ops.ns.name.default)
-        self._sig = sig
-        self._n = n_out
-
-    def __call__(self, *args, **kwargs):
-        out = self.op(*self._sig.bind(args, kwargs))
-        return out
-
-    def __repr__(self):
-        return f"<lazyrt.jax_op {self.name}{self._sig.args_text}>"
-
-
 def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: int = 1,
-           mesh=None, in_specs=None, out_specs=None) -> JaxOp:
-    """Register the JAX function ``fn`` as the torch op ``name`` ("ns::op"): module doc.
+           mesh=None, in_specs=None, out_specs=None):
+    """Register the JAX function ``fn`` as the torch op ``name`` ("ns::op"); returns the
+    op (``torch.ops.ns.op``: arguments by position or name, static defaults from the schema).
+    Module docstring: the rest.
 
     ``donate``: tensor arguments whose buffers the op may reuse; lazyrt's defer flush
     already donates every buffer a trace overwrites and nothing else references, so this is
@@ -235,7 +230,7 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
     lib._register_fake(short, fake)
     _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh, in_specs,
                        out_specs)
-    return JaxOp(name, op, sig, n_out)
+    return getattr(getattr(torch.ops, ns), short)
 
 
 _LIBS: dict[str, torch.library.Library] = {}
