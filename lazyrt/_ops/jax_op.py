@@ -126,9 +126,12 @@ def _static_value(v):
     return tuple(v) if isinstance(v, list) else v
 
 
-def _raise_named(opname: str, e: Exception):
+def _raise_named(opname: str, e: Exception, hint: str = ""):
     """Re-raise ``e`` (from the user's JAX function) naming the op and the user's line."""
-    msg = f"lazyrt.jax_op {opname}: {type(e).__name__}: {e}\n  (op called at {user_line(3)})"
+    line = user_line(3)
+    where = (f"op called at {line}" if line != "<unknown>" else
+             "in the backward pass, on autograd's thread")
+    msg = f"lazyrt.jax_op {opname}: {type(e).__name__}: {e}{hint}\n  ({where})"
     try:
         new = type(e)(msg)
     except Exception:  # an exception type with a different constructor
@@ -208,7 +211,7 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
         full = [a if t else _static_value(a) for a, t in zip(args, mask)]
         try:
             out = body(*full)
-        except Exception as e:  # noqa: BLE001 - re-raised with the op's name
+        except Exception as e:  # re-raised with the op's name
             _raise_named(name, e)
         outs = _flat_outputs(out, n_out, name)
         return outs[0] if n_out == 1 else outs
@@ -217,11 +220,16 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
     LOWERINGS[op] = Lowering(op, run_fn, static_floats=True)
 
     def fake(*args):
-        abstract = [jax.ShapeDtypeStruct(tuple(a.shape), _dtypes.to_jax(a.dtype)) if t else a
-                    for a, t in zip(args, mask)]
+        abstract = [jax.ShapeDtypeStruct(tuple(a.shape), _dtypes.to_jax(a.dtype))
+                    for a, t in zip(args, mask) if t]
         dev = next((a.device for a, t in zip(args, mask) if t), torch.device("tpu"))
+
+        def tensors_only(*arrs):  # statics stay Python values (eval_shape traces leaves)
+            it = iter(arrs)
+            return run_fn(*[next(it) if t else a for a, t in zip(args, mask)])
+
         with jax.enable_x64(True):
-            out = jax.eval_shape(run_fn, *abstract)
+            out = jax.eval_shape(tensors_only, *abstract)
         outs = out if n_out > 1 else (out,)
         res = tuple(torch.empty(o.shape, dtype=_dtypes.to_torch(o.dtype), device=dev)
                     for o in outs)
@@ -291,8 +299,10 @@ def _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh,
         full = [a if t else _static_value(a) for a, t in zip(rest, mask)]
         try:
             gs = body(*full, list(grads))
-        except Exception as e:  # noqa: BLE001 - re-raised with the op's name
-            _raise_named(opname, e)
+        except Exception as e:  # re-raised with the op's name
+            _raise_named(opname, e, "" if backward is not None else (
+                "\n  (the default backward is jax.vjp of the function; a pallas_call has no "
+                "automatic derivative: pass backward=, or give fn a jax.custom_vjp)"))
         gs = list(gs)
         if len(gs) != n_t:
             raise ValueError(f"lazyrt.jax_op {ns}::{short}: backward returned {len(gs)} "
