@@ -109,6 +109,7 @@ def install() -> None:
     _autocast.register()
     _tpu_module.populate()
     from ._compile import api as compile_api
+    from ._ops import kernels as _kernels  # noqa: F401 - registers torch.ops.lazyrt.* (jax_op)
 
     _patches.install(compile_api.compile)
     # The c10d backends "tpu"/"tpu_dist" (~30 us; the backend itself, torch.distributed's

@@ -288,3 +288,32 @@ def test_two_device_mesh_runs_under_shard_map():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["strict", "ok", "defer", "ok"]
+
+
+@pytest.mark.parametrize("pallas", ["off", "on"])
+def test_lazyrts_own_kernels_are_jax_ops(mode, pallas):
+    """``torch.ops.lazyrt.flash_attention``/``matmul``: the kernels_pallas kernels (interpret
+    mode on CPU with ``on``) or their references, through the same jax_op path."""
+    torch.manual_seed(0)
+    cpu, tpu = _leaves(torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8),
+                       torch.randn(1, 2, 16, 8))
+    want = F.scaled_dot_product_attention(*cpu, is_causal=True, enable_gqa=True)
+    want.pow(2).sum().backward()
+    prev = lazyrt.config.pallas
+    lazyrt.set_pallas(pallas)
+    try:
+        before = metrics.counters()["pallas_attention_calls"]
+        got = torch.ops.lazyrt.flash_attention(*tpu, causal=True)
+        got.pow(2).sum().backward()
+        assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+        _check_grads(cpu, tpu)
+        assert (metrics.counters()["pallas_attention_calls"] > before) == (pallas == "on")
+        cpu, tpu = _leaves(torch.randn(32, 16), torch.randn(16, 24), torch.randn(24))
+        want = F.gelu(cpu[0] @ cpu[1] + cpu[2])
+        want.pow(2).sum().backward()
+        got = torch.ops.lazyrt.matmul(*tpu, activation="gelu")
+        got.pow(2).sum().backward()
+        assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+        _check_grads(cpu, tpu)
+    finally:
+        lazyrt.set_pallas(prev)

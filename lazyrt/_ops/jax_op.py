@@ -42,6 +42,10 @@ _NAMED = {"bool": "bool", "int": "int", "float": "float", "str": "str"}
 
 def _static_type(p: inspect.Parameter, opname: str) -> str:
     ann = p.annotation
+    if isinstance(ann, str) and p.default is None:  # "float | None", "Optional[int]"
+        base = ann.replace(" ", "").replace("|None", "").replace("Optional[", "").rstrip("]")
+        if base in _NAMED:
+            return _NAMED[base] + "?"
     if isinstance(ann, str):
         t = _NAMED.get(ann.replace("builtins.", ""))
         if t is None and ann.replace(" ", "") in ("tuple[int,...]", "list[int]", "Sequence[int]"):
@@ -67,6 +71,8 @@ def _static_type(p: inspect.Parameter, opname: str) -> str:
 
 
 def _default_text(v) -> str:
+    if v is None:
+        return "None"
     if isinstance(v, bool):
         return "True" if v else "False"
     if isinstance(v, (tuple, list)):
@@ -111,15 +117,26 @@ class _Signature:
                 if p.default is not p.empty:
                     txt += "=" + _default_text(p.default)
                 parts.append(txt)
-            else:
+            elif p.default is None:
+                self.tensor.append(True)
+                parts.append(f"Tensor? {p.name}=None")
+            elif p.default is p.empty:
                 self.tensor.append(True)
                 parts.append(f"Tensor {p.name}")
+            else:
+                raise TypeError(f"lazyrt.jax_op {opname}: '{p.name}' has a default, so it must "
+                                "be static (static=...) or an optional tensor (default None)")
         unknown = static - set(self.names)
         if unknown:
             raise TypeError(f"lazyrt.jax_op {opname}: static names no parameter: "
                             f"{sorted(unknown)}")
         self.args_text = "(" + ", ".join(parts) + ")"
         self.sig = sig
+
+
+def _live(args, mask) -> tuple:
+    """Which arguments are tensors in this call (an optional tensor given as None is not)."""
+    return tuple(t and a is not None for a, t in zip(args, mask))
 
 
 def _static_value(v):
@@ -165,17 +182,20 @@ def _sharded(fn, mesh, in_specs, out_specs, tensor_mask):
         from jax.experimental.shard_map import shard_map
 
     def run(*args):
-        statics = {i: a for i, a in enumerate(args) if not tensor_mask[i]}
-        arrays = [a for i, a in enumerate(args) if tensor_mask[i]]
+        live = _live(args, tensor_mask)
+        statics = {i: a for i, a in enumerate(args) if not live[i]}
+        arrays = [a for i, a in enumerate(args) if live[i]]
+        present = [live[i] for i, t in enumerate(tensor_mask) if t]
 
         def inner(*arrs):
             it = iter(arrs)
             full = [statics[i] if i in statics else next(it) for i in range(len(args))]
             return fn(*full)
 
-        ins = tuple(_pspec(s) for s in in_specs) if in_specs is not None else tuple(
-            P() for _ in arrays)
-        outs = _pspec(out_specs) if out_specs is not None else P()
+        ins = tuple(_pspec(s) for s, p in zip(in_specs, present) if p) \
+            if in_specs is not None else tuple(P() for _ in arrays)
+        outs = (out_specs(present) if callable(out_specs) else _pspec(out_specs)
+                if out_specs is not None else P())
         return shard_map(inner, mesh=mesh, in_specs=ins, out_specs=outs)(*arrays)
 
     return run
@@ -208,7 +228,7 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
     op = getattr(getattr(torch.ops, ns), short).default
 
     def run_fn(*args):
-        full = [a if t else _static_value(a) for a, t in zip(args, mask)]
+        full = [a if t else _static_value(a) for a, t in zip(args, _live(args, mask))]
         try:
             out = body(*full)
         except Exception as e:  # re-raised with the op's name
@@ -220,13 +240,14 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
     LOWERINGS[op] = Lowering(op, run_fn, static_floats=True)
 
     def fake(*args):
+        live = _live(args, mask)
         abstract = [jax.ShapeDtypeStruct(tuple(a.shape), _dtypes.to_jax(a.dtype))
-                    for a, t in zip(args, mask) if t]
-        dev = next((a.device for a, t in zip(args, mask) if t), torch.device("tpu"))
+                    for a, t in zip(args, live) if t]
+        dev = next((a.device for a, t in zip(args, live) if t), torch.device("tpu"))
 
         def tensors_only(*arrs):  # statics stay Python values (eval_shape traces leaves)
             it = iter(arrs)
-            return run_fn(*[next(it) if t else a for a, t in zip(args, mask)])
+            return run_fn(*[next(it) if t else a for a, t in zip(args, live)])
 
         with jax.enable_x64(True):
             out = jax.eval_shape(tensors_only, *abstract)
@@ -258,17 +279,17 @@ def _differentiable(a) -> bool:
 def _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh, in_specs,
                        out_specs):
     """The backward op ``ns::short_bwd(*args, Tensor[] grads) -> Tensor[]`` (one gradient
-    per tensor argument; zeros where the argument needs none) and its autograd link."""
+    per tensor argument given, None optional ones skipped; zeros where the argument needs
+    none) and its autograd link."""
     bname = short + "_bwd"
     opname = f"{ns}::{bname}"
-    n_t = sum(mask)
     lib.define(bname + sig.args_text[:-1] + (", " if sig.names else "")
                + "Tensor[] grads) -> Tensor[]")
     bop = getattr(getattr(torch.ops, ns), bname).default
 
     if backward is None:
         def grads_fn(grads, *args):
-            pos = [i for i, t in enumerate(mask) if t]
+            pos = [i for i, t in enumerate(_live(args, mask)) if t]
 
             def f(*arrs):
                 full = list(args)
@@ -281,22 +302,31 @@ def _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh,
     else:
         def grads_fn(grads, *args):
             out = backward(grads[0] if n_out == 1 else tuple(grads), *args)
-            return out if isinstance(out, (tuple, list)) else (out,)
+            out = out if isinstance(out, (tuple, list)) else (out,)
+            # the user returns one per declared tensor argument; drop the absent ones
+            if len(out) == sum(mask):
+                declared = [a for a, t in zip(args, mask) if t]
+                out = [g for g, a in zip(out, declared) if a is not None]
+            return out
 
     bin_specs = bout_specs = None
     if mesh is not None:
         from jax.sharding import PartitionSpec as P
 
-        ins = tuple(in_specs) if in_specs is not None else tuple(P() for _ in range(n_t))
+        ins = tuple(in_specs) if in_specs is not None else tuple(P() for t in mask if t)
         outs = out_specs if out_specs is not None else P()
         outs = list(outs) if n_out > 1 else [outs]
-        bin_specs, bout_specs = (*ins, outs), tuple(ins)
+        bin_specs = (*ins, outs)
+
+        def bout_specs(present):  # one gradient per tensor argument given
+            return tuple(_pspec(s) for s, p in zip(ins, present) if p)
     body = _sharded(lambda *a: grads_fn(a[-1], *a[:-1]), mesh, bin_specs, bout_specs,
                     mask + (True,))
 
     def run_bwd(*args):
         *rest, grads = args
-        full = [a if t else _static_value(a) for a, t in zip(rest, mask)]
+        live = _live(rest, mask)
+        full = [a if t else _static_value(a) for a, t in zip(rest, live)]
         try:
             gs = body(*full, list(grads))
         except Exception as e:  # re-raised with the op's name
@@ -304,10 +334,10 @@ def _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh,
                 "\n  (the default backward is jax.vjp of the function; a pallas_call has no "
                 "automatic derivative: pass backward=, or give fn a jax.custom_vjp)"))
         gs = list(gs)
-        if len(gs) != n_t:
+        tensors = [a for a, t in zip(full, live) if t]
+        if len(gs) != len(tensors):
             raise ValueError(f"lazyrt.jax_op {ns}::{short}: backward returned {len(gs)} "
-                             f"gradients for {n_t} tensor arguments")
-        tensors = [a for a, t in zip(full, mask) if t]
+                             f"gradients for {len(tensors)} tensor arguments")
         return [jax.numpy.zeros(a.shape, a.dtype) if g is None or g.dtype == jax.dtypes.float0
                 else g.astype(a.dtype) for g, a in zip(gs, tensors)]
 
@@ -316,22 +346,24 @@ def _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh,
 
     def fake_bwd(*args):
         *rest, _grads = args
-        return [torch.empty_like(a) for a, t in zip(rest, mask) if t]
+        return [torch.empty_like(a) for a, t in zip(rest, _live(rest, mask)) if t]
 
     lib._register_fake(bname, fake_bwd)
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*[a for a, t in zip(inputs, mask) if t])
-        ctx.statics = [None if t else a for a, t in zip(inputs, mask)]
-        ctx.need = [_differentiable(a) for a, t in zip(inputs, mask) if t]
+        live = ctx.live = _live(inputs, mask)
+        ctx.save_for_backward(*[a for a, t in zip(inputs, live) if t])
+        ctx.statics = [None if t else a for a, t in zip(inputs, live)]
+        ctx.need = [_differentiable(a) for a, t in zip(inputs, live) if t]
 
     def bwd(ctx, *grads):
+        live = ctx.live
         saved = iter(ctx.saved_tensors)
-        full = [next(saved) if t else s for s, t in zip(ctx.statics, mask)]
+        full = [next(saved) if t else s for s, t in zip(ctx.statics, live)]
         res = iter(bop(*full, list(grads)))
         need = iter(ctx.need)
         return tuple((g if next(need) else None) if t else None
-                     for t, g in ((t, next(res) if t else None) for t in mask))
+                     for t, g in ((t, next(res) if t else None) for t in live))
 
     torch.library.register_autograd(f"{ns}::{short}", bwd, setup_context=setup_context,
                                     lib=lib)
