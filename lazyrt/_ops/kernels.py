@@ -1,5 +1,7 @@
 """lazyrt's own Pallas kernels as torch ops, registered through ``jax_op`` (the same path as
-a user's kernel): ``torch.ops.lazyrt.flash_attention`` and ``torch.ops.lazyrt.matmul``.
+a user's kernel): ``torch.ops.lazyrt.flash_attention``, ``torch.ops.lazyrt.matmul`` and
+``torch.ops.lazyrt.paged_attention`` (ragged paged attention over transformers' paged KV
+cache layout: ``kernels_pallas.paged_attention``).
 
 Each runs the ``kernels_pallas`` kernel when the Pallas router allows it
 (``lazyrt.set_pallas``: ``auto`` = on gpu/tpu, ``on`` = also in interpret mode on CPU) and
@@ -58,6 +60,19 @@ def _matmul_bwd(g, a, b, bias=None, activation: str | None = None):
     return vjp(g)
 
 
+def _paged_attention(q, k_pages, v_pages, block_table, cu_seq_lens_q, kv_lens,
+                     scale: float | None = None):
+    kp = _router._kp()
+    if _router.active():
+        with _router.no_x64():
+            return kp.paged_attention(q, k_pages, v_pages, block_table, cu_seq_lens_q,
+                                      kv_lens, scale=scale)
+    return kp.paged_attention_reference(q, k_pages, v_pages, block_table, cu_seq_lens_q,
+                                        kv_lens, scale=scale)
+
+
 flash_attention = jax_op("lazyrt::flash_attention", _flash_attention,
                          static=("causal", "scale"), backward=_flash_attention_bwd)
 matmul = jax_op("lazyrt::matmul", _matmul, static=("activation",), backward=_matmul_bwd)
+# inference (serving): no backward of its own
+paged_attention = jax_op("lazyrt::paged_attention", _paged_attention, static=("scale",))

@@ -67,7 +67,8 @@ def routed_ops():
 
     aten = torch.ops.aten
     own = set()
-    for name in ("flash_attention", "flash_attention_bwd", "matmul", "matmul_bwd"):
+    for name in ("flash_attention", "flash_attention_bwd", "matmul", "matmul_bwd",
+                 "paged_attention"):
         try:  # lazyrt's kernels as ops (``lazyrt._ops.kernels``, through jax_op)
             own.add(getattr(torch.ops.lazyrt, name).default)
         except AttributeError:
