@@ -317,3 +317,58 @@ def test_lazyrts_own_kernels_are_jax_ops(mode, pallas):
         _check_grads(cpu, tpu)
     finally:
         lazyrt.set_pallas(prev)
+
+
+def _rms_plain(x, w, eps: float = 1e-6):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rms_plain_bwd(g, x, w, eps: float = 1e-6):  # the VJP by hand (docs/custom-kernels.md)
+    h = x.shape[-1]
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    gw_x = g * w
+    dx = r * gw_x - x * r**3 * jnp.sum(gw_x * x, axis=-1, keepdims=True) / h
+    dw = jnp.sum((g * x * r).reshape(-1, h), axis=0)
+    return dx, dw
+
+
+RMS_BWD = lazyrt.jax_op("lazyrt_test::rms_hand_bwd", _rms_plain, static=("eps",),
+                        backward=_rms_plain_bwd)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, h, norm):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(h))
+        self.lin = torch.nn.Linear(h, h)
+        self.norm = norm
+
+    def forward(self, x):
+        return self.lin(self.norm(x, self.w, eps=1e-5))
+
+
+@pytest.mark.parametrize("how", ["strict", "defer", "compiled"])
+def test_training_loop_with_a_user_backward_matches_cpu(how):
+    def train(device, norm, compiled=False):
+        torch.manual_seed(0)
+        model = _Block(16, norm).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        fwd = torch.compile(model, backend="tpu") if compiled else model
+        x = torch.randn(8, 16).to(device)
+        losses = []
+        for _ in range(3):
+            loss = fwd(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    want, want_p = train("cpu", _rms_torch)
+    torch._dynamo.reset()
+    with lazyrt.set_mode("strict" if how == "compiled" else how):
+        got, got_p = train("tpu", RMS_BWD, compiled=how == "compiled")
+    torch._dynamo.reset()
+    assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_p, want_p):
+        assert_close(g, w, rtol=1e-5, atol=1e-5)
