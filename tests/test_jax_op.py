@@ -281,6 +281,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_two_device_mesh_runs_under_shard_map():
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
