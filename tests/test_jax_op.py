@@ -373,3 +373,20 @@ def test_training_loop_with_a_user_backward_matches_cpu(how):
     assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
     for g, w in zip(got_p, want_p):
         assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_pytorchs_opcheck_schema_fake_and_aot():
+    """PyTorch's own checks of a custom op: schema, fake kernel vs the real outputs, and
+    AOTAutograd (dynamic shapes) through the registered autograd formula."""
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    x = torch.randn(4, 8, device="tpu", requires_grad=True)
+    w = torch.randn(8, device="tpu", requires_grad=True)
+    checks = [
+        (RMS, (x, w), {"eps": 1e-5}),
+        (SPLIT, (x, 3), {}),
+        (TAKE, (x, torch.tensor([1, 0, 3], device="tpu")), {}),
+        (torch.ops.lazyrt.flash_attention, (x.view(1, 1, 4, 8),) * 3, {"causal": True}),
+    ]
+    for op, args, kwargs in checks:
+        res = torch.library.opcheck(op, args, kwargs, test_utils=utils)
+        assert set(res.values()) == {"SUCCESS"}, (op, res)
