@@ -1,4 +1,4 @@
-"""Pallas reference kernels for lazyrt: flash attention and tiled matmul.
+"""Pallas reference kernels for lazyrt: flash attention, tiled matmul, ragged paged attention.
 
 Every kernel runs compiled on gpu/tpu and in Pallas interpret mode on CPU (the choice is
 :func:`default_interpret`; each kernel takes ``interpret=`` to override it). Each has a
@@ -22,6 +22,7 @@ from kernels_pallas.matmul import (
     matmul_reference,
     supports_matmul,
 )
+from kernels_pallas.paged_attention import paged_attention, paged_attention_reference
 
 __all__ = [
     "ACTIVATIONS",
@@ -33,6 +34,8 @@ __all__ = [
     "flash_attention_reference",
     "matmul",
     "matmul_reference",
+    "paged_attention",
+    "paged_attention_reference",
     "supports_attention",
     "supports_matmul",
 ]

@@ -25,11 +25,13 @@ from ._ops.control import (
     sync,
 )
 from ._ops.inspect import coverage, graph, hlo
+from ._ops.jax_op import jax_op
 
 __version__ = "0.1.0"
 __all__ = [
     "set_mode", "get_mode", "sync", "graph", "hlo", "metrics", "memory", "coverage",
     "set_cpu_fallback", "set_pallas", "EagerMode", "set_eager_mode", "config", "TpuTensor",
+    "jax_op",
 ]
 
 _install.install()

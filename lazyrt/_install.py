@@ -115,6 +115,7 @@ def install() -> None:
     _tpu_module.populate()
     _serialization.install()
     from ._compile import api as compile_api
+    from ._ops import kernels as _kernels  # noqa: F401 - registers torch.ops.lazyrt.* (jax_op)
 
     _patches.install(compile_api.compile)
     _flex.register()

@@ -13,6 +13,7 @@ from .._base import rng as _rng
 from .._base.config import config
 from .._base.device import TPU_MODULE
 from .._ops.control import EagerMode, eager_mode, set_eager_mode, sync
+from .._ops.jax_op import pallas_module
 from . import streams as _streams
 
 
@@ -122,4 +123,5 @@ def populate() -> None:
     m.empty_cache = lambda: None
     for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
         setattr(m, name, getattr(_streams, name))
+    m.pallas = pallas_module()
     m.__getattr__ = _getattr

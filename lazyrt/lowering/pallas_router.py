@@ -66,7 +66,14 @@ def routed_ops():
     import torch
 
     aten = torch.ops.aten
-    return {
+    own = set()
+    for name in ("flash_attention", "flash_attention_bwd", "matmul", "matmul_bwd",
+                 "paged_attention"):
+        try:  # lazyrt's kernels as ops (``lazyrt._ops.kernels``, through jax_op)
+            own.add(getattr(torch.ops.lazyrt, name).default)
+        except AttributeError:
+            pass
+    return own | {
         aten.mm.default, aten.bmm.default, aten.addmm.default,
         aten._scaled_dot_product_fused_attention_overrideable.default,
         aten._scaled_dot_product_fused_attention_overrideable_backward.default,
