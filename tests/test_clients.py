@@ -176,6 +176,118 @@ def test_device_map_auto_places_on_tpu(mode, tmp_path, device_memory):
         assert model.generate(ids.to("tpu"), **kw).cpu().tolist() == ref.generate(ids, **kw).tolist()
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("mode", ["defer", *_slow("strict")])
+def test_accelerate_dispatch_auto_and_memory_queries(mode, tmp_path, device_memory):
+    """accelerate's own big-model path without ``max_memory`` (``infer_auto_device_map``,
+    ``load_checkpoint_and_dispatch(device_map="auto")``) puts the model on tpu (it picked
+    the CPU while tpu reported no memory); a training step under ``Accelerator`` equals
+    CPU's, and ``torch.accelerator``'s memory queries count the parameters, gradients and
+    optimizer state, and what freeing them gives back."""
+    pytest.importorskip("accelerate")
+    from accelerate import (
+        Accelerator,
+        infer_auto_device_map,
+        init_empty_weights,
+        load_checkpoint_and_dispatch,
+    )
+    from transformers import LlamaForCausalLM
+
+    device_memory(2 * GIB)
+    ref = _tiny_llama(init_range=0.02)
+    ref.save_pretrained(tmp_path)
+    lazyrt.set_mode(mode)
+    with init_empty_weights():
+        model = LlamaForCausalLM(ref.config)
+    model.tie_weights()
+    assert infer_auto_device_map(model) == {"": 0}
+    model = load_checkpoint_and_dispatch(model, str(tmp_path), device_map="auto")
+    assert model.hf_device_map == {"": 0}
+    assert {str(t.device) for t in (*model.parameters(), *model.buffers())} == {"tpu:0"}
+
+    acc = Accelerator()
+    assert acc.device.type == "tpu"
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7]])
+
+    def step(m, opt, dev):
+        loss = m(ids.to(dev), labels=ids.to(dev)).loss
+        (acc.backward(loss) if dev != "cpu" else loss.backward())
+        opt.step()
+        return loss.item()
+
+    want = step(ref, torch.optim.AdamW(ref.parameters(), lr=1e-3), "cpu")
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    assert step(model, opt, acc.device) == pytest.approx(want, rel=1e-5)
+    for (n, p), p_ref in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), p_ref.detach(), rtol=1e-4, atol=1e-6, msg=n)
+
+    lazyrt.sync()
+    params = list(model.parameters())
+    state = [v for s in opt.state.values() for v in s.values()
+             if torch.is_tensor(v) and v.device.type == "tpu"]
+    held = _nbytes(params) + _nbytes(p.grad for p in params) + _nbytes(state)
+    alloc = torch.accelerator.memory_allocated()
+    assert alloc == torch.tpu.memory_allocated() >= held
+    assert torch.accelerator.max_memory_allocated() >= alloc
+    free, total = torch.accelerator.get_memory_info()
+    assert total == 2 * GIB and 0 < free <= total - alloc
+    dropped = _nbytes(p.grad for p in params) + _nbytes(state)
+    del opt, state
+    acc.free_memory()
+    for p in params:
+        p.grad = None
+    lazyrt.sync()
+    assert torch.accelerator.memory_allocated() <= alloc - dropped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_trainer_on_device_map_auto_with_memory_queries(mode, tmp_path, device_memory):
+    """``Trainer`` on a model loaded with ``device_map="auto"`` (no ``max_memory``) trains on
+    tpu with CPU's losses; ``torch.accelerator``'s memory queries, read from a callback at
+    every step, agree with each other and hold at least the parameters."""
+    pytest.importorskip("accelerate")
+    from transformers import LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    device_memory(2 * GIB)
+    _tiny_llama(init_range=0.02).save_pretrained(tmp_path / "model")
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(2, 60, (12, 16), generator=g)]
+
+    class Memory(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen.append((torch.accelerator.memory_allocated(),
+                              torch.accelerator.max_memory_allocated(),
+                              torch.accelerator.get_memory_info()))
+
+    def train(**load):
+        model = LlamaForCausalLM.from_pretrained(tmp_path / "model", **load)
+        args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4,
+                                 max_steps=3, learning_rate=1e-3, logging_steps=1,
+                                 save_strategy="no", report_to=[], seed=0, data_seed=0,
+                                 use_cpu=not load, disable_tqdm=True)
+        mem = Memory()
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[mem])
+        trainer.train()
+        return model, [h["loss"] for h in trainer.state.log_history if "loss" in h], mem.seen
+
+    _, want, _ = train()
+    lazyrt.set_mode(mode)
+    model, got, seen = train(device_map="auto")
+    assert {str(p.device) for p in model.parameters()} == {"tpu:0"}
+    assert got == pytest.approx(want, rel=1e-5)
+    assert len(seen) == 3
+    for alloc, peak, (free, total) in seen:
+        assert _nbytes(model.parameters()) <= alloc <= peak
+        assert total == 2 * GIB and 0 < free <= total - alloc
+
+
 # ---- transformers continuous batching --------------------------------------------------------
 
 PROMPTS = [[1, 5, 9, 13, 17], [1, 2, 3], [1, 30, 31, 32, 33, 34, 35], [1, 7]]
@@ -205,6 +317,7 @@ def _run(code):
     return r.stdout.split("\n")[-2]
 
 
+@pytest.mark.subprocess
 def test_import_lazyrt_imports_no_client_library():
     """The client patches wait for their library (an import hook), so ``import lazyrt``
     (and ``import torch``, which autoloads it) imports none."""
@@ -215,6 +328,7 @@ def test_import_lazyrt_imports_no_client_library():
 
 
 @pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("first", ["lazyrt", "transformers.generation.continuous_batching",
                                    "transformers.generation.continuous_batching.model_runner"])
 def test_client_patches_apply_whatever_is_imported_first(first):
