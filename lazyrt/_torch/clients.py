@@ -197,15 +197,22 @@ def _patch_cb_padding(cb) -> None:
     applied["cb_padding"] = "model_runner.ModelRunner.__init__, maybe_pad_inputs, warmup"
 
 
+# Every patch of continuous batching (``generate_batch``) on tpu, in the order applied; each
+# takes the ``continuous_batching`` package with its submodules loaded. A later one (e.g. a
+# paged-attention kernel for tpu) is added here, after those it builds on.
+CB_PATCHES = [_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding]
+
+
 def _patch_transformers_cb(api) -> None:
-    """Run when ``continuous_api`` has loaded: it imports every module patched here."""
+    """``generate_batch`` on tpu: run when ``continuous_api`` has loaded (it imports every
+    module patched here), applies ``CB_PATCHES``."""
     import importlib
 
     pkg = sys.modules[_CB]
     for sub in ("utils", "cache", "input_outputs", "model_runner"):
         setattr(pkg, sub, importlib.import_module(f"{_CB}.{sub}"))
     pkg.continuous_api = api
-    for patch in (_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding):
+    for patch in CB_PATCHES:
         try:
             patch(pkg)
         except AttributeError as e:
