@@ -288,6 +288,39 @@ def test_trainer_on_device_map_auto_with_memory_queries(mode, tmp_path, device_m
         assert total == 2 * GIB and 0 < free <= total - alloc
 
 
+@pytest.mark.parametrize("mode", _slow("strict", "defer"))
+def test_peft_lora_training_step_and_merge(mode):
+    """PEFT LoRA on a tpu model: one AdamW step gives CPU's loss and adapter weights (the
+    base weights stay frozen), and ``merge_and_unload`` gives CPU's merged logits."""
+    peft = pytest.importorskip("peft")
+
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7, 30, 31]])
+
+    def run(dev):
+        model = peft.get_peft_model(_tiny_llama(init_range=0.02), peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        model.to(dev)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        loss = model(ids.to(dev), labels=ids.to(dev)).loss
+        loss.backward()
+        opt.step()
+        trained = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        merged = model.merge_and_unload()
+        with torch.no_grad():
+            logits = merged(ids.to(dev)).logits.cpu()
+        return loss.item(), trained, logits, {str(p.device) for p in merged.parameters()}
+
+    want = run("cpu")
+    lazyrt.set_mode(mode)
+    got = run("tpu")
+    assert got[3] == {"tpu:0"}
+    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    assert got[1].keys() == want[1].keys() and len(want[1]) == 8
+    for n in want[1]:
+        torch.testing.assert_close(got[1][n], want[1][n], rtol=1e-4, atol=1e-6, msg=n)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-4, atol=1e-5)
+
+
 # ---- transformers continuous batching --------------------------------------------------------
 
 PROMPTS = [[1, 5, 9, 13, 17], [1, 2, 3], [1, 30, 31, 32, 33, 34, 35], [1, 7]]
