@@ -288,7 +288,7 @@ def test_trainer_on_device_map_auto_with_memory_queries(mode, tmp_path, device_m
         assert total == 2 * GIB and 0 < free <= total - alloc
 
 
-@pytest.mark.parametrize("mode", _slow("strict", "defer"))
+@pytest.mark.parametrize("mode", ["defer", *_slow("strict")])
 def test_peft_lora_training_step_and_merge(mode):
     """PEFT LoRA on a tpu model: one AdamW step gives CPU's loss and adapter weights (the
     base weights stay frozen), and ``merge_and_unload`` gives CPU's merged logits."""
