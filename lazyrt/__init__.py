@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from . import _install, memory, metrics
 from ._base.config import config
+from ._base.platform import VERSION
 from ._base.tensor import TpuTensor
 from ._ops.control import (
     EagerMode,
@@ -27,7 +28,7 @@ from ._ops.control import (
 from ._ops.inspect import coverage, graph, hlo
 from ._ops.jax_op import jax_op
 
-__version__ = "0.1.0"
+__version__ = VERSION
 __all__ = [
     "set_mode", "get_mode", "sync", "graph", "hlo", "metrics", "memory", "coverage",
     "set_cpu_fallback", "set_pallas", "EagerMode", "set_eager_mode", "config", "TpuTensor",
@@ -35,8 +36,3 @@ __all__ = [
 ]
 
 _install.install()
-
-if config.cache_dir:
-    from ._exec.xla import enable_persistent_cache
-
-    enable_persistent_cache(config.cache_dir)

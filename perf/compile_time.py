@@ -231,9 +231,9 @@ def measure_lazyrt(name: str, mode: str, steps: int = 3) -> dict:
     programs: list = []
     orig_compile, orig_program = _xla.compile, _xla.compile_program
 
-    def compile_(lowered):
+    def compile_(lowered, opts=None):
         c0 = time.process_time()
-        exe = orig_compile(lowered)
+        exe = orig_compile(lowered, opts)
         xla_s = time.process_time() - c0
         if mode == "defer":
             text = lowered.as_text()

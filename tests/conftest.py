@@ -1,10 +1,18 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# NOTE: the tests never read or fill the user's persistent compile cache: each test process
+# (and the subprocesses it starts, which inherit this) uses a fresh directory of its own.
+_CACHE = tempfile.mkdtemp(prefix="lazyrt-test-cache-")
+os.environ["LAZYRT_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-import pytest
+import pytest  # noqa: E402
 
-import lazyrt
+import lazyrt  # noqa: E402
 
 MODES = ["strict", "defer"]
 

@@ -86,6 +86,29 @@ def _env_memory(name: str, default: int | float) -> int | float:
     return parse_memory(name, v)
 
 
+def _env_choice(name: str, choices: tuple, default: str) -> str:
+    v = os.environ.get(name, default).strip().lower() or default
+    if v not in choices:
+        raise ValueError(f"lazyrt: {name}={v!r} must be one of "
+                         + ", ".join(repr(c) for c in choices))
+    return v
+
+
+_OFF = ("off", "0", "false", "no", "none")
+
+
+def _env_cache_dir() -> str | None:
+    """``LAZYRT_CACHE_DIR``: a directory, ``off``, or unset for the user's cache directory
+    (``$XDG_CACHE_HOME/lazyrt``, else ``~/.cache/lazyrt``)."""
+    v = os.environ.get("LAZYRT_CACHE_DIR", "").strip()
+    if v.lower() in _OFF:
+        return None
+    if v:
+        return os.path.abspath(os.path.expanduser(v))
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+    return os.path.join(os.path.abspath(os.path.expanduser(base)), "lazyrt")
+
+
 def _env_mode() -> str:
     mode = os.environ.get("TORCH_TPU_MODE")
     if mode is not None and mode != "":
@@ -119,7 +142,13 @@ class Config:
     # plans kept per ATen op (one per input signature) and view/write-through programs
     # kept; the oldest is dropped when a new one would pass the bound.
     plan_cache_size: int = 512
+    # the persistent compile cache's directory (None: off); see ``_exec.diskcache``
     cache_dir: str | None = None
+    # its bound, in MiB (least recently used entries go first)
+    cache_max_mb: float = 2048.0
+    # tiered: a program first compiles at a low optimization level, the optimized build
+    # replaces it from a background thread; full: every program compiled fully at once
+    compile: str = "tiered"
     explain_recompile: bool = False
     debug_compare: bool = False
     cpu_fallback: bool = False
@@ -136,9 +165,6 @@ class Config:
 
     @classmethod
     def from_env(cls) -> Config:
-        pallas = os.environ.get("LAZYRT_PALLAS", "auto").strip().lower() or "auto"
-        if pallas not in ("auto", "on", "off"):
-            raise ValueError(f"lazyrt: LAZYRT_PALLAS={pallas!r} must be one of 'auto', 'on', 'off'")
         return cls(
             mode=_env_mode(),
             max_pending_ops=_env_int("LAZYRT_MAX_PENDING_OPS", 10_000),
@@ -146,11 +172,13 @@ class Config:
             cache_size=_env_int("LAZYRT_CACHE_SIZE", 1024),
             strict_cache_size=_env_int("LAZYRT_STRICT_CACHE_SIZE", 4096),
             plan_cache_size=_env_int("LAZYRT_PLAN_CACHE_SIZE", 512),
-            cache_dir=os.environ.get("LAZYRT_CACHE_DIR") or None,
+            cache_dir=_env_cache_dir(),
+            cache_max_mb=_env_float("LAZYRT_CACHE_MAX_MB", 2048.0),
+            compile=_env_choice("LAZYRT_COMPILE", ("tiered", "full"), "tiered"),
             explain_recompile=_env_bool("LAZYRT_EXPLAIN_RECOMPILE"),
             debug_compare=_env_bool("LAZYRT_DEBUG_COMPARE"),
             cpu_fallback=_env_bool("LAZYRT_CPU_FALLBACK"),
-            pallas=pallas,
+            pallas=_env_choice("LAZYRT_PALLAS", ("auto", "on", "off"), "auto"),
             record_source=_env_bool("LAZYRT_RECORD_SOURCE"),
             host_malloc_cache=_env_bool("LAZYRT_HOST_MALLOC_CACHE", True),
             device_memory=_env_memory("LAZYRT_DEVICE_MEMORY", 0.5),

@@ -37,6 +37,20 @@ _ZERO = {
     "pallas_fallbacks": 0,
     "lean_eqns_removed": 0,
     "lean_fallbacks": 0,
+    # the persistent compile cache (``_exec.diskcache``): programs loaded instead of
+    # compiled (each also a cache miss), entries written, damaged entries dropped, entries
+    # evicted by its size bound
+    "disk_cache_hits": 0,
+    "disk_cache_writes": 0,
+    "disk_cache_damaged": 0,
+    "disk_cache_evictions": 0,
+    # tiered compiles (``_exec.tiers``): optimized executables swapped in, the seconds the
+    # worker spent building them, builds that failed, were skipped at exit or not queued
+    "tier_swaps": 0,
+    "tier_compile_seconds": 0.0,
+    "tier_failures": 0,
+    "tier_skipped": 0,
+    "tier_dropped": 0,
 }
 
 COUNTERS: dict[str, float] = dict(_ZERO)

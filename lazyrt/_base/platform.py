@@ -5,6 +5,9 @@ import functools
 
 import jax
 
+# lazyrt's version (``lazyrt.__version__``; part of the persistent compile cache's key)
+VERSION = "0.1.0"
+
 
 @functools.cache
 def platform() -> str:

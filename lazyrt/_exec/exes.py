@@ -39,6 +39,16 @@ class Exe:
         self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
                         for b, s, d in sorted(sizes, reverse=True)[:5]]
 
+    def install_from(self, first):
+        """The compile worker's swap (``_xla.Upgrade``): this flush runs the optimized
+        executable from its next call on; the flush reads ``compiled`` once per call."""
+
+        def install(compiled, mem) -> None:
+            if self.compiled is first:
+                self.compiled, self.mem = compiled, mem
+
+        return install
+
     def matches(self, tr: Trace) -> bool:
         """Whether this executable computes ``tr``: the same progs (by identity), the
         same input wiring and the same leaf avals. (Live outputs and donation are in the

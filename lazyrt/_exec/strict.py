@@ -3,7 +3,9 @@
 A Prog is specialized to its input avals already (plans are keyed by input shapes
 and dtypes), so one AOT-compiled executable per Prog is the cache. The executables
 are kept in an LRU bounded by ``config.strict_cache_size``: a dynamic-shape workload
-recompiles what it evicted, it never grows without bound.
+recompiles what it evicted, it never grows without bound. ``prog.exe`` is the slot a run
+reads: with tiered compiles (``_xla``) it holds the first-tier executable until the
+compile worker rebinds it to the optimized one (``_install``).
 
 Every strict execution goes through ``run`` (an op, a view derived on its own, a
 write through a view), so debug mode checks them all.
@@ -11,6 +13,7 @@ write through a view), so debug mode checks them all.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 
 import jax
@@ -29,13 +32,22 @@ _compiled: collections.OrderedDict = collections.OrderedDict()
 
 
 def _compile(prog: Prog, arrays, scalars):
-    exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars))
+    exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars), tiered=True)
     prog.exe, prog.mem = exe, mem
     _compiled[prog] = None
     while len(_compiled) > config.strict_cache_size:
         old, _ = _compiled.popitem(last=False)
         old.exe = old.mem = None
+    if upgrade is not None:
+        upgrade.start(functools.partial(_install, prog, exe))
     return exe, mem, seconds
+
+
+def _install(prog: Prog, first, exe, mem) -> None:
+    """The compile worker's swap: ``prog`` runs the optimized ``exe`` from its next call,
+    unless its executable was dropped meanwhile (evicted, or its plan invalidated)."""
+    if prog.exe is first:
+        prog.exe, prog.mem = exe, mem
 
 
 # NOTE: a Prog's executable is compiled for its first inputs' shardings; inputs sharded

@@ -1,0 +1,216 @@
+"""The persistent compile cache: compiled executables kept on disk across processes.
+
+On by default, in ``$XDG_CACHE_HOME/lazyrt`` (``~/.cache/lazyrt``); ``LAZYRT_CACHE_DIR``
+names another directory, ``LAZYRT_CACHE_DIR=off`` turns it off (nothing is read or
+written). Entries live in a subdirectory named by a hash of what an executable depends on
+besides its program: lazyrt's, JAX's, jaxlib's and PyTorch's versions, the platform and
+its device kind, and on the CPU the host's instruction-set features (an executable built
+for AVX-512 must not run on a host without it). Within it, an entry's name is a hash of
+the program itself (its StableHLO text, argument and result structure, devices and compile
+options), so a changed lowering is a different entry, never a stale one.
+
+Several processes may share the directory (``torchrun`` ranks, two runs at once): an entry
+is written to a temporary file and renamed into place, so a reader sees a whole entry or
+none; each entry carries its length and a SHA-256 of its payload, and one that fails the
+check is deleted and counted as a miss. The directory is bounded (``LAZYRT_CACHE_MAX_MB``,
+default 2048): a read touches the entry's modification time, and after every 1/16 of the
+bound written, one process at a time (an advisory lock) deletes the least recently used
+entries down to 90% of the bound.
+
+As with JAX's own compilation cache, the directory is trusted: an entry is machine code
+this process will run. It is created private to the user (mode 0700).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import struct
+import threading
+import time
+
+import jax
+
+from .._base.config import config
+from .._base.metrics import COUNTERS
+from .._base.platform import VERSION, platform
+
+try:  # advisory locks (POSIX); without them eviction still runs, just not one at a time
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+_MAGIC = b"LZRTX1\n"
+_HEAD = struct.Struct("<Q32s")  # payload length, sha256(payload)
+_SUFFIX = ".exe"
+_TMP_PREFIX = ".tmp-"
+_written = {"bytes": 0}
+_lock = threading.Lock()
+
+
+def _cpu_features() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    import platform as _pl
+
+    return _pl.machine() + " " + _pl.processor()
+
+
+@functools.cache
+def environment_key() -> str:
+    """What every entry depends on besides its program (the subdirectory's name)."""
+    import jaxlib
+    import torch
+
+    dev = jax.devices()[0]
+    parts = [VERSION, jax.__version__, jaxlib.__version__, torch.__version__, platform(),
+             getattr(dev, "device_kind", ""), getattr(dev.client, "platform_version", "")]
+    if platform() == "cpu":
+        parts.append(_cpu_features())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def directory() -> str | None:
+    """This environment's entry directory (created on first use), or None when off."""
+    root = config.cache_dir
+    if not root:
+        return None
+    return _make_dir(os.path.join(root, "xla-" + environment_key()))
+
+
+@functools.cache
+def _make_dir(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def key(lowered, text: str, options: dict, tag: str = "") -> str | None:
+    """An entry's name: a hash of the program (``text``: its StableHLO) and how it is
+    compiled; None for a program that is not stored (host callbacks, no device list)."""
+    devices = devices_of(lowered)
+    if devices is None or lowered._lowering.compile_args.get("host_callbacks"):
+        return None
+    h = hashlib.sha256()
+    for part in (text, str(lowered.in_tree), str(lowered.out_tree),
+                 repr(sorted(options.items())), ",".join(str(d.id) for d in devices), tag):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def devices_of(lowered):
+    """The devices ``lowered`` runs on (an executable is loaded onto exactly these)."""
+    try:
+        return list(lowered._lowering._device_list)
+    except (AttributeError, TypeError):
+        return None
+
+
+def get(name: str) -> bytes | None:
+    """The payload stored under ``name``, or None (missing, unreadable or damaged)."""
+    d = directory()
+    if d is None:
+        return None
+    path = os.path.join(d, name + _SUFFIX)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    n0 = len(_MAGIC) + _HEAD.size
+    ok = len(data) >= n0 and data.startswith(_MAGIC)
+    if ok:
+        length, digest = _HEAD.unpack_from(data, len(_MAGIC))
+        payload = data[n0:]
+        ok = len(payload) == length and hashlib.sha256(payload).digest() == digest
+    if not ok:
+        COUNTERS["disk_cache_damaged"] += 1
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # least recently used goes first
+    return payload
+
+
+def put(name: str, payload: bytes) -> bool:
+    """Store ``payload`` under ``name`` (atomically; an existing entry is kept)."""
+    d = directory()
+    if d is None:
+        return False
+    path = os.path.join(d, name + _SUFFIX)
+    if os.path.exists(path):
+        return False
+    tmp = os.path.join(d, f"{_TMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{name[:16]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_MAGIC)
+            f.write(_HEAD.pack(len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    COUNTERS["disk_cache_writes"] += 1
+    with _lock:
+        _written["bytes"] += len(payload)
+        due = _written["bytes"] >= max_bytes() // 16
+        if due:
+            _written["bytes"] = 0
+    if due:
+        evict()
+    return True
+
+
+def max_bytes() -> int:
+    return int(config.cache_max_mb * 2**20)
+
+
+def evict(target: float = 0.9) -> int:
+    """If the directory holds more than ``LAZYRT_CACHE_MAX_MB``, delete the least recently
+    used entries down to ``target`` of it; returns how many were deleted. One process at a
+    time: another that holds the lock is already doing it."""
+    d = directory()
+    if d is None:
+        return 0
+    with open(os.path.join(d, ".evict.lock"), "a") as lf:
+        if fcntl is not None:
+            try:
+                fcntl.flock(lf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0
+        entries, total = [], 0
+        now = time.time()
+        for e in os.scandir(d):
+            try:
+                st = e.stat()
+            except OSError:
+                continue
+            if e.name.startswith(_TMP_PREFIX):
+                if now - st.st_mtime > 3600:  # left by a process that died mid-write
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+                continue
+            if e.name.endswith(_SUFFIX):
+                entries.append((st.st_mtime, st.st_size, e.path))
+                total += st.st_size
+        limit = max_bytes()
+        if total <= limit:
+            return 0
+        n = 0
+        for _, size, path in sorted(entries):
+            if total <= target * limit:
+                break
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                total -= size
+                n += 1
+        COUNTERS["disk_cache_evictions"] += n
+        return n

@@ -1,0 +1,335 @@
+"""Time to the first results, in fresh processes: cold (an empty compile cache) and warm
+(a second process with the same cache), for PyTorch CPU eager and lazyrt's strict and defer.
+
+    python -m perf.first_calls [--only unet_train,cnn_train] [--modes cpu,strict,defer]
+                               [--steady 5] [--json FILE] [--lazyrt PATH] [--cache xdg|dir]
+
+Rows (``ROWS``): a tiny diffusers ``UNet2DConditionModel`` training step (AdamW), a tiny
+Llama's ``generate(num_beams=2, cache_implementation="static")``, a MobileNetV2-like CNN
+(transformers' ``MobileNetV2ForImageClassification``) training step, and ``gpt_train`` from
+``perf/workloads.py``. A training row's figure is the wall time from the end of the imports
+to the end of its third step (model built on the CPU, moved to ``tpu``, three steps, each
+reading its loss); the generation row's is its first ``generate`` call. Then ``--steady``
+more steps (calls) are run: their median time and their compiles are the steady state.
+
+For each (row, lazyrt mode) the driver makes a fresh cache: with ``--cache xdg`` (default)
+an empty ``XDG_CACHE_HOME``, so lazyrt runs with its default settings (whatever they are in
+the tree measured); with ``--cache dir`` an empty ``LAZYRT_CACHE_DIR``. It runs the cold
+process, then the warm one with the same cache. ``--lazyrt PATH`` measures the lazyrt
+package under PATH (another checkout) with this harness. Columns: seconds to the first
+results, programs compiled (``cache_misses``), seconds lazyrt spent compiling and
+executing (its counters; time not in either is Python: tracing, dispatch, PyTorch), and
+the losses' largest relative difference from CPU's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = ("unet_train", "llama_beam", "cnn_train", "gpt_train")
+STEPS = 3
+
+
+# ---------------------------------------------------------------------------
+# the rows (built on the CPU from a fixed seed, then moved to the device)
+
+
+class _Train:
+    """A model, a batch and AdamW; ``step()`` is one training step returning its loss."""
+
+    def __init__(self, device):
+        import torch
+
+        torch.manual_seed(0)
+        self.device = device
+        self.model, self.batch = self.build()
+        self.model = self.model.to(device)
+        self.batch = [b.to(device) for b in self.batch]
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def step(self):
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss(*self.batch)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+
+class UNetTrain(_Train):
+    """diffusers UNet2DConditionModel (32/64 channels, cross-attention), batch 2 of 16x16."""
+
+    def build(self):
+        import torch
+        from diffusers import UNet2DConditionModel
+
+        m = UNet2DConditionModel(
+            sample_size=16, in_channels=4, out_channels=4, layers_per_block=2,
+            block_out_channels=(32, 64), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
+            attention_head_dim=8, norm_num_groups=32)
+        return m.train(), [torch.randn(2, 4, 16, 16), torch.tensor([10, 500]),
+                           torch.randn(2, 8, 32), torch.randn(2, 4, 16, 16)]
+
+    def loss(self, x, t, ctx, target):
+        import torch.nn.functional as F
+
+        return F.mse_loss(self.model(x, t, encoder_hidden_states=ctx).sample, target)
+
+
+class CNNTrain(_Train):
+    """transformers MobileNetV2 (depth multiplier 0.5, 96x96 images, 10 classes), batch 8."""
+
+    def build(self):
+        import torch
+        import transformers as tf
+
+        cfg = tf.MobileNetV2Config(image_size=96, depth_multiplier=0.5, num_labels=10)
+        m = tf.MobileNetV2ForImageClassification(cfg)
+        return m.train(), [torch.randn(8, 3, 96, 96), torch.randint(0, 10, (8,))]
+
+    def loss(self, x, y):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(self.model(pixel_values=x).logits, y)
+
+
+class GPTTrain:
+    """``perf.workloads.GPTTrain``."""
+
+    def __init__(self, device):
+        from perf.workloads import GPTTrain as W
+
+        self.w = W(device, "defer" if device == "cpu" else "x")
+
+    def step(self):
+        return self.w.step()
+
+
+class LlamaBeam:
+    """A 2-layer Llama (hidden 64, vocab 128), beam search (2 beams) with a static cache, 8
+    new tokens from a 6-token prompt; the 'loss' is the sum of the generated ids."""
+
+    def __init__(self, device):
+        import torch
+        import transformers as tf
+
+        torch.manual_seed(0)
+        cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=128)
+        self.model = tf.LlamaForCausalLM(cfg).eval().to(device)
+        self.ids = torch.randint(0, 128, (1, 6)).to(device)
+
+    def step(self):
+        out = self.model.generate(self.ids, max_new_tokens=8, min_new_tokens=8, num_beams=2,
+                                  do_sample=False, cache_implementation="static")
+        return float(out.cpu().sum())
+
+
+BUILDERS = {"unet_train": UNetTrain, "llama_beam": LlamaBeam, "cnn_train": CNNTrain,
+            "gpt_train": GPTTrain}
+FIRST = {"unet_train": STEPS, "cnn_train": STEPS, "gpt_train": STEPS, "llama_beam": 1}
+
+
+# ---------------------------------------------------------------------------
+# worker: one (row, mode) in this process
+
+
+def _counters():
+    import lazyrt
+
+    c = lazyrt.metrics.counters()
+    return {k: v for k, v in c.items() if isinstance(v, (int, float))}
+
+
+def work(row: str, mode: str, steady: int) -> dict:
+    t_imp = time.perf_counter()
+    import torch  # noqa: F401
+
+    if row == "unet_train":
+        import diffusers  # noqa: F401
+    else:
+        import transformers  # noqa: F401
+    device = "cpu"
+    if mode != "cpu":
+        import lazyrt
+
+        lazyrt.set_mode(mode)
+        device = "tpu"
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    res: dict = {"row": row, "mode": mode, "import_s": t0 - t_imp}
+    wl = BUILDERS[row](device)
+    res["build_s"] = time.perf_counter() - t0
+    losses, times = [], []
+    for _ in range(FIRST[row]):
+        t = time.perf_counter()
+        losses.append(wl.step())
+        times.append(time.perf_counter() - t)
+    res["first_s"] = time.perf_counter() - t0
+    res["first_cpu_s"] = time.process_time() - c0
+    res["step_s"] = times
+    if mode != "cpu":
+        c = _counters()
+        res.update(compiles=int(c["cache_misses"]), compile_s=c["compile_seconds"],
+                   execute_s=c["execute_seconds"], disk_hits=int(c.get("disk_cache_hits", 0)),
+                   tier_swaps=int(c.get("tier_swaps", 0)))
+    if steady:
+        before = _counters() if mode != "cpu" else None
+        st = []
+        for _ in range(steady):
+            t = time.perf_counter()
+            losses.append(wl.step())
+            st.append(time.perf_counter() - t)
+        res["steady_ms"] = 1000 * statistics.median(st)
+        if before is not None:
+            res["steady_compiles"] = int(_counters()["cache_misses"] - before["cache_misses"])
+    res["losses"] = losses
+    if mode != "cpu":
+        import lazyrt
+
+        res["cache_dir"] = getattr(lazyrt.config, "cache_dir", None)
+    return res
+
+
+# ---------------------------------------------------------------------------
+# driver
+
+
+def _run(row, mode, steady, env, timeout, lazyrt_path) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, "-m", "perf.first_calls", "--worker", row, mode, "--steady",
+           str(steady), "--json", out]
+    if lazyrt_path:
+        cmd += ["--lazyrt", lazyrt_path]
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, cwd=_ROOT, capture_output=True, text=True,
+                           timeout=timeout)
+        with open(out) as f:
+            res = json.load(f)
+        if p.returncode != 0:
+            res.setdefault("error", p.stderr[-2000:])
+    except Exception as e:  # reported in the table
+        res = {"row": row, "mode": mode, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    res["process_s"] = time.perf_counter() - t
+    return res
+
+
+def _rel(a, b):
+    if a is None or b is None:
+        return None
+    return max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=None)
+
+
+def _fmt(r: dict | None, cpu: dict | None) -> str:
+    if r is None:
+        return "-"
+    if "error" in r and "first_s" not in r:
+        return "error"
+    s = f"{r['first_s']:.1f} s"
+    if cpu and cpu.get("first_s"):
+        s += f" ({r['first_s'] / cpu['first_s']:.1f}x)"
+    if "compiles" in r:
+        s += f", {r['compiles']} compiles, {r['compile_s']:.1f} s compiling, " \
+             f"{r['execute_s']:.1f} s running"
+    return s
+
+
+def table(results: dict, modes) -> str:
+    cols = ["cpu"] + [f"{m} {k}" for m in modes if m != "cpu" for k in ("cold", "warm")]
+    lines = ["| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row, by in results.items():
+        cpu = by.get("cpu")
+        cells = [_fmt(by.get(c), None if c == "cpu" else cpu) for c in cols]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", "| row | mode | steady ms (cold process) | steady compiles | loss rel. diff vs CPU |",
+              "|---|---|---|---|---|"]
+    for row, by in results.items():
+        cpu = by.get("cpu") or {}
+        for c in cols:
+            r = by.get(c) or {}
+            if "steady_ms" in r:
+                d = _rel(r.get("losses"), cpu.get("losses")) if c != "cpu" else None
+                lines.append(f"| {row} | {c} | {r['steady_ms']:.1f} | "
+                             f"{r.get('steady_compiles', '-')} | "
+                             f"{'-' if d is None else f'{d:.1e}'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m perf.first_calls",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--modes", default="cpu,strict,defer")
+    ap.add_argument("--steady", type=int, default=5, help="steps after the first ones")
+    ap.add_argument("--cache", default="xdg", choices=("xdg", "dir"))
+    ap.add_argument("--lazyrt", default=None, help="import lazyrt from this directory")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", nargs=2, metavar=("ROW", "MODE"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.lazyrt:
+        sys.path.insert(0, os.path.abspath(a.lazyrt))
+    if a.worker:
+        row, mode = a.worker
+        try:
+            res = work(row, mode, a.steady)
+        except Exception as e:
+            import traceback
+
+            res = {"row": row, "mode": mode, "error": f"{type(e).__name__}: {e}",
+                   "tb": traceback.format_exc()}
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+        return 0 if "error" not in res else 1
+
+    rows = [r.strip() for r in a.only.split(",") if r.strip()]
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    base = dict(os.environ)
+    for k in ("TORCH_TPU_MODE", "LAZYRT_CACHE_DIR", "LAZYRT_COMPILE"):
+        base.pop(k, None)
+    base.setdefault("JAX_PLATFORMS", "cpu")
+    print(f"load avg {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores; lazyrt from "
+          f"{a.lazyrt or _ROOT}; cache {a.cache}", flush=True)
+    results: dict = {}
+    for row in rows:
+        by: dict = {}
+        results[row] = by
+        for mode in modes:
+            if mode == "cpu":
+                by["cpu"] = _run(row, "cpu", a.steady, base, a.timeout, a.lazyrt)
+                print(f"{row} cpu: {_fmt(by['cpu'], None)}", flush=True)
+                continue
+            with tempfile.TemporaryDirectory(prefix="lazyrt-first-") as tmp:
+                env = dict(base)
+                if a.cache == "xdg":
+                    env["XDG_CACHE_HOME"] = tmp
+                else:
+                    env["LAZYRT_CACHE_DIR"] = tmp
+                for kind in ("cold", "warm"):
+                    r = _run(row, mode, a.steady, env, a.timeout, a.lazyrt)
+                    by[f"{mode} {kind}"] = r
+                    print(f"{row} {mode} {kind}: {_fmt(r, by.get('cpu'))}"
+                          + (f"  ERROR {r['error'][-300:]}" if "error" in r else ""), flush=True)
+    print()
+    print(table(results, modes))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"load": os.getloadavg(), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
