@@ -3,6 +3,7 @@
 
     python -m perf.first_calls [--only unet_train,cnn_train] [--modes cpu,strict,defer]
                                [--steady 5] [--json FILE] [--lazyrt PATH] [--cache xdg|dir]
+                           [--config LABEL=PATH[,K=V...]]...
 
 Rows (``ROWS``): a tiny diffusers ``UNet2DConditionModel`` training step (AdamW), a tiny
 Llama's ``generate(num_beams=2, cache_implementation="static")``, a MobileNetV2-like CNN
@@ -241,21 +242,23 @@ def _fmt(r: dict | None, cpu: dict | None) -> str:
     s = f"{r['first_s']:.1f} s"
     if cpu and cpu.get("first_s"):
         s += f" ({r['first_s'] / cpu['first_s']:.1f}x)"
+    s += f", cpu {r['first_cpu_s']:.1f} s"
     if "compiles" in r:
-        s += f", {r['compiles']} compiles, {r['compile_s']:.1f} s compiling, " \
-             f"{r['execute_s']:.1f} s running"
+        s += f"; {r['compiles'] - r['disk_hits']} compiled"
+        if r["disk_hits"]:
+            s += f", {r['disk_hits']} loaded"
+        s += f"; {r['compile_s']:.1f} s compiling, {r['execute_s']:.1f} s running"
     return s
 
 
-def table(results: dict, modes) -> str:
-    cols = ["cpu"] + [f"{m} {k}" for m in modes if m != "cpu" for k in ("cold", "warm")]
+def table(results: dict, cols: list) -> str:
     lines = ["| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row, by in results.items():
         cpu = by.get("cpu")
         cells = [_fmt(by.get(c), None if c == "cpu" else cpu) for c in cols]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", "| row | mode | steady ms (cold process) | steady compiles | loss rel. diff vs CPU |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| row | column | steady ms | steady compiles | tier swaps | "
+              "loss rel. diff vs CPU |", "|---|---|---|---|---|---|"]
     for row, by in results.items():
         cpu = by.get("cpu") or {}
         for c in cols:
@@ -263,9 +266,16 @@ def table(results: dict, modes) -> str:
             if "steady_ms" in r:
                 d = _rel(r.get("losses"), cpu.get("losses")) if c != "cpu" else None
                 lines.append(f"| {row} | {c} | {r['steady_ms']:.1f} | "
-                             f"{r.get('steady_compiles', '-')} | "
+                             f"{r.get('steady_compiles', '-')} | {r.get('tier_swaps', '-')} | "
                              f"{'-' if d is None else f'{d:.1e}'} |")
     return "\n".join(lines)
+
+
+def _config(spec: str):
+    """``label=PATH[,K=V...]``: lazyrt imported from PATH ('.': this tree) with env K=V."""
+    label, _, rest = spec.partition("=")
+    path, *env = rest.split(",") if rest else (".",)
+    return label, (None if path in (".", "") else path), dict(e.split("=", 1) for e in env)
 
 
 def main(argv=None) -> int:
@@ -276,6 +286,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steady", type=int, default=5, help="steps after the first ones")
     ap.add_argument("--cache", default="xdg", choices=("xdg", "dir"))
     ap.add_argument("--lazyrt", default=None, help="import lazyrt from this directory")
+    ap.add_argument("--config", action="append", default=None,
+                    help="label=PATH[,K=V...]: measure lazyrt from PATH ('.': this tree) with "
+                         "these environment variables, beside the other --config's (each "
+                         "row runs every config in turn); default: one, this tree")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", nargs=2, metavar=("ROW", "MODE"), help=argparse.SUPPRESS)
@@ -297,34 +311,43 @@ def main(argv=None) -> int:
 
     rows = [r.strip() for r in a.only.split(",") if r.strip()]
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    configs = [_config(c) for c in a.config] if a.config else [("", a.lazyrt, {})]
     base = dict(os.environ)
     for k in ("TORCH_TPU_MODE", "LAZYRT_CACHE_DIR", "LAZYRT_COMPILE"):
         base.pop(k, None)
     base.setdefault("JAX_PLATFORMS", "cpu")
-    print(f"load avg {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores; lazyrt from "
-          f"{a.lazyrt or _ROOT}; cache {a.cache}", flush=True)
+    print(f"load avg {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores; configs "
+          f"{[(lbl, p or _ROOT, env) for lbl, p, env in configs]}; cache {a.cache}", flush=True)
     results: dict = {}
+    cols: list = []
     for row in rows:
         by: dict = {}
         results[row] = by
         for mode in modes:
             if mode == "cpu":
-                by["cpu"] = _run(row, "cpu", a.steady, base, a.timeout, a.lazyrt)
+                by["cpu"] = _run(row, "cpu", a.steady, base, a.timeout, None)
                 print(f"{row} cpu: {_fmt(by['cpu'], None)}", flush=True)
+                if "cpu" not in cols:
+                    cols.append("cpu")
                 continue
-            with tempfile.TemporaryDirectory(prefix="lazyrt-first-") as tmp:
-                env = dict(base)
-                if a.cache == "xdg":
-                    env["XDG_CACHE_HOME"] = tmp
-                else:
-                    env["LAZYRT_CACHE_DIR"] = tmp
-                for kind in ("cold", "warm"):
-                    r = _run(row, mode, a.steady, env, a.timeout, a.lazyrt)
-                    by[f"{mode} {kind}"] = r
-                    print(f"{row} {mode} {kind}: {_fmt(r, by.get('cpu'))}"
-                          + (f"  ERROR {r['error'][-300:]}" if "error" in r else ""), flush=True)
+            for label, path, extra in configs:
+                with tempfile.TemporaryDirectory(prefix="lazyrt-first-") as tmp:
+                    env = dict(base, **extra)
+                    if a.cache == "xdg":
+                        env["XDG_CACHE_HOME"] = tmp
+                    else:
+                        env["LAZYRT_CACHE_DIR"] = tmp
+                    for kind in ("cold", "warm"):
+                        col = " ".join(x for x in (label, mode, kind) if x)
+                        if col not in cols:
+                            cols.append(col)
+                        r = _run(row, mode, a.steady, env, a.timeout, path)
+                        by[col] = r
+                        print(f"{row} {col}: {_fmt(r, by.get('cpu'))}"
+                              + (f"  ERROR {r['error'][-300:]}" if "error" in r else ""),
+                              flush=True)
     print()
-    print(table(results, modes))
+    print(table(results, cols))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"load": os.getloadavg(), "results": results}, f, indent=1)

@@ -27,7 +27,7 @@ def aval_nbytes(shape, dtype) -> int:
 
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
-                 "out_nbytes", "const", "graph", "flush_misses")
+                 "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -51,6 +51,10 @@ class Prog:
         # compiled (``_defer``: a graph whose surroundings keep changing is isolated)
         self.graph = False
         self.flush_misses = 0
+        # a const prog made on the host (``_exec.consts``): its jaxpr (None: not traced
+        # yet, False: compiled instead) and how often it was made there
+        self.host = None
+        self.host_calls = 0
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

@@ -51,6 +51,8 @@ _ZERO = {
     "tier_failures": 0,
     "tier_skipped": 0,
     "tier_dropped": 0,
+    # constants made on the host instead of by a compiled program (``_exec.consts``)
+    "host_constants": 0,
 }
 
 COUNTERS: dict[str, float] = dict(_ZERO)

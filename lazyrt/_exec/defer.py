@@ -413,7 +413,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                 exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots)
                 _exes.insert(key, exe)
                 if upgrade is not None:
-                    upgrade.start(exe.install_from(compiled))
+                    upgrade.arm(exe.install_from(compiled))
                 _history["compiles"] += 1
             else:
                 exe.hits += 1

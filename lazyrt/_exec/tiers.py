@@ -9,8 +9,8 @@ user's code: the program keeps the executable it has (``tier_failures`` counts t
 
 At interpreter exit the worker finishes the job in hand (a compile cannot be abandoned
 half-way while JAX's backend is torn down), writes what is waiting to be written, and
-skips the compiles still waiting (``tier_skipped``): their programs are stored at the
-first tier, so the next process starts warm all the same and upgrades them itself.
+skips the compiles still waiting (``tier_skipped``): their programs were stored at the
+first tier already, so the next process starts warm all the same and upgrades them.
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def has_room() -> bool:
 
 
 def submit(kind: str, job) -> bool:
-    """Run ``job()`` on the worker; False if it was not taken (queue full, or exiting). A
-    ``COMPILE`` job skipped at exit has its ``skip()`` called instead, if it has one."""
+    """Run ``job()`` on the worker; False if it was not taken (queue full, or exiting)."""
     if _state["closing"]:
         return False
     if _state["thread"] is None:
@@ -87,9 +86,6 @@ def _loop() -> None:
         try:
             if _state["closing"] and kind == COMPILE:
                 COUNTERS["tier_skipped"] += 1
-                skip = getattr(job, "skip", None)
-                if skip is not None:
-                    skip()
             else:
                 job()
         except Exception as e:  # reported, never raised into user code

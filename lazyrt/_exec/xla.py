@@ -137,21 +137,51 @@ def _store(name: str | None, exe, now: bool = False) -> None:
         _tiers.submit(_tiers.WRITE, write)
 
 
+# A first-tier program is rebuilt optimized once it runs this many times: a program run
+# once (start-up, a one-off shape) never costs a second compile.
+UPGRADE_AFTER_CALLS = 2
+
+
+class FirstTier:
+    """A first-tier executable: runs as the executable it wraps, and queues its program's
+    optimized build (``Upgrade``) at its ``UPGRADE_AFTER_CALLS``-th call."""
+
+    __slots__ = ("exe", "upgrade", "calls")
+
+    def __init__(self, exe, upgrade: Upgrade):
+        self.exe, self.upgrade, self.calls = exe, upgrade, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls >= UPGRADE_AFTER_CALLS and not self.upgrade.submitted:
+            self.upgrade.submit()  # again on later calls if the worker's queue was full
+        return self.exe(*args)
+
+    def memory_analysis(self):
+        return self.exe.memory_analysis()
+
+
 class Upgrade:
-    """The optimized build of a program that runs at the first tier for now: ``start``
-    queues it on the compile worker, which calls ``install(executable, memory analysis)``
-    when it is ready (the caller rebinds its executable slot there) and stores it in the
-    persistent cache. Skipped at exit, the first-tier executable is stored instead."""
+    """The optimized build of a program that runs at the first tier for now. The caller
+    ``arm``s it with ``install(executable, memory analysis)``, which rebinds its executable
+    slot; once the program is hot (``FirstTier``) the compile worker builds it, installs it
+    and stores it in the persistent cache."""
 
-    __slots__ = ("lowered", "opts", "name", "first", "install")
+    __slots__ = ("lowered", "opts", "name", "install", "submitted")
 
-    def __init__(self, lowered, opts: dict, name: str | None, first):
-        self.lowered, self.opts, self.name, self.first = lowered, opts, name, first
+    def __init__(self, lowered, opts: dict, name: str | None):
+        self.lowered, self.opts, self.name = lowered, opts, name
         self.install = None
+        self.submitted = False
 
-    def start(self, install) -> bool:
+    def arm(self, install) -> None:
         self.install = install
-        return _tiers.submit(_tiers.COMPILE, self)
+        if UPGRADE_AFTER_CALLS <= 1:
+            self.submit()
+
+    def submit(self) -> None:
+        if self.install is not None and not self.submitted:
+            self.submitted = _tiers.submit(_tiers.COMPILE, self)
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
@@ -161,11 +191,7 @@ class Upgrade:
         self.install(exe, MemoryAnalysis.of(exe))
         COUNTERS["tier_swaps"] += 1
         _store(self.name, exe, now=True)
-        self.lowered = self.first = None
-
-    def skip(self) -> None:
-        if self.name is not None:
-            _store(self.name + "-tier0", self.first, now=True)
+        self.lowered = self.install = None
 
 
 def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = False,
@@ -178,9 +204,10 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     The persistent cache (``_diskcache``) is looked up first, and a program compiled here
     is stored there. ``tiered``: the caller can swap executables (strict's ``prog.exe``,
     defer's ``Exe.compiled``); then, with ``LAZYRT_COMPILE=tiered``, a program not in the
-    cache is compiled at the first tier (``FIRST_TIER``) and a fourth value is returned,
-    an ``Upgrade`` (None when the executable is already the optimized one) whose ``start``
-    the caller calls once the executable is in its slot.
+    cache is compiled at the first tier (``FIRST_TIER``; stored too, so that a short
+    process leaves the next one warm), returned as a ``FirstTier``, and a fourth value is
+    returned: an ``Upgrade`` (None when the executable is already the optimized one) that
+    the caller ``arm``s once the executable is in its slot.
 
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
@@ -196,10 +223,13 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
         exe = _load(name, lowered)
         if exe is None:
             if tiered and config.compile == "tiered" and _tiers.has_room():
-                exe = _load(None if name is None else name + "-tier0", lowered)
+                name0 = None if name is None else name + "-tier0"
+                exe = _load(name0, lowered)
                 if exe is None:
                     exe = compile(lowered, {**opts, **FIRST_TIER})
-                upgrade = Upgrade(lowered, opts, name, exe)
+                    _store(name0, exe)
+                upgrade = Upgrade(lowered, opts, name)
+                exe = FirstTier(exe, upgrade)
             else:
                 exe = compile(lowered, opts)
                 _store(name, exe)
