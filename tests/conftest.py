@@ -14,6 +14,9 @@ import pytest  # noqa: E402
 
 import lazyrt  # noqa: E402
 
+# (also when lazyrt was imported before this file, e.g. by a plugin, and read another dir)
+lazyrt.config.cache_dir = _CACHE
+
 MODES = ["strict", "defer"]
 
 

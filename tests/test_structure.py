@@ -4,6 +4,7 @@ every torch monkeypatch in ``_torch.patches``."""
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -234,7 +235,9 @@ def test_any_module_can_be_imported_first():
             "assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]\n")
     for n in names:
         r = subprocess.run([sys.executable, "-c", code, n], capture_output=True, text=True,
-                           timeout=120, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+                           timeout=120, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin",
+                                              "PYTHONPATH": str(PKG.parent),
+                                              "LAZYRT_CACHE_DIR": os.environ["LAZYRT_CACHE_DIR"]})
         assert r.returncode == 0, (n, r.stderr[-2000:])
 
 

@@ -94,14 +94,14 @@ def _env_choice(name: str, choices: tuple, default: str) -> str:
     return v
 
 
-_OFF = ("off", "0", "false", "no", "none")
+OFF = ("off", "0", "false", "no", "none")  # LAZYRT_CACHE_DIR values that turn it off
 
 
 def _env_cache_dir() -> str | None:
     """``LAZYRT_CACHE_DIR``: a directory, ``off``, or unset for the user's cache directory
     (``$XDG_CACHE_HOME/lazyrt``, else ``~/.cache/lazyrt``)."""
     v = os.environ.get("LAZYRT_CACHE_DIR", "").strip()
-    if v.lower() in _OFF:
+    if v.lower() in OFF:
         return None
     if v:
         return os.path.abspath(os.path.expanduser(v))

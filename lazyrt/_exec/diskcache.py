@@ -32,7 +32,7 @@ import time
 
 import jax
 
-from .._base.config import config
+from .._base.config import OFF, config
 from .._base.metrics import COUNTERS
 from .._base.platform import VERSION, platform
 
@@ -79,9 +79,10 @@ def environment_key() -> str:
 def directory() -> str | None:
     """This environment's entry directory (created on first use), or None when off."""
     root = config.cache_dir
-    if not root:
+    if not root or root.strip().lower() in OFF:  # set in code as ``LAZYRT_CACHE_DIR`` reads
         return None
-    return _make_dir(os.path.join(root, "xla-" + environment_key()))
+    return _make_dir(os.path.join(os.path.abspath(os.path.expanduser(root)),
+                                  "xla-" + environment_key()))
 
 
 @functools.cache
