@@ -197,6 +197,8 @@ def work(row: str, mode: str, steady: int) -> dict:
         import lazyrt
 
         res["cache_dir"] = getattr(lazyrt.config, "cache_dir", None)
+        res["lazyrt"] = os.path.dirname(os.path.dirname(os.path.abspath(lazyrt.__file__)))
+    res["load"] = os.getloadavg()[0]
     return res
 
 
@@ -347,6 +349,7 @@ def main(argv=None) -> int:
                               + (f"  ERROR {r['error'][-300:]}" if "error" in r else ""),
                               flush=True)
     print()
+    print(f"load avg at the end {os.getloadavg()[0]:.1f}")
     print(table(results, cols))
     if a.json:
         with open(a.json, "w") as f:
