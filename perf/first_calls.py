@@ -3,7 +3,7 @@
 
     python -m perf.first_calls [--only unet_train,cnn_train] [--modes cpu,strict,defer]
                                [--steady 5] [--json FILE] [--lazyrt PATH] [--cache xdg|dir]
-                           [--config LABEL=PATH[,K=V...]]...
+                               [--config LABEL=PATH[,K=V...]]... [--cold-only LABEL,...]
 
 Rows (``ROWS``): a tiny diffusers ``UNet2DConditionModel`` training step (AdamW), a tiny
 Llama's ``generate(num_beams=2, cache_implementation="static")``, a MobileNetV2-like CNN
@@ -292,6 +292,8 @@ def main(argv=None) -> int:
                     help="label=PATH[,K=V...]: measure lazyrt from PATH ('.': this tree) with "
                          "these environment variables, beside the other --config's (each "
                          "row runs every config in turn); default: one, this tree")
+    ap.add_argument("--cold-only", default="",
+                    help="labels of --config's measured cold only (no second process)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", nargs=2, metavar=("ROW", "MODE"), help=argparse.SUPPRESS)
@@ -339,7 +341,8 @@ def main(argv=None) -> int:
                         env["XDG_CACHE_HOME"] = tmp
                     else:
                         env["LAZYRT_CACHE_DIR"] = tmp
-                    for kind in ("cold", "warm"):
+                    kinds = ("cold",) if label in a.cold_only.split(",") else ("cold", "warm")
+                    for kind in kinds:
                         col = " ".join(x for x in (label, mode, kind) if x)
                         if col not in cols:
                             cols.append(col)
