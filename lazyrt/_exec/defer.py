@@ -403,12 +403,9 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                 fn = _build_fn(tr, out_refs, donate_mask, slots)
                 n_slots = len(scal) if first is None else len(first)
                 args = (donated, kept, _scalar_struct(n_slots))
-                upgrade = None
-                if runner is None:
-                    compiled, mem, compile_s, upgrade = _xla.compile_program(
-                        fn, args, donate_argnums=(0,), lean=True, tiered=True)
-                else:
-                    compiled, mem, compile_s = runner.compile_program(fn, args, donate_argnums=(0,))
+                compiled, mem, compile_s, upgrade = _xla.compile_program(
+                    fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
+                    else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
                 exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots)
                 _exes.insert(key, exe)
