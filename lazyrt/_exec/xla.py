@@ -83,7 +83,8 @@ def full_options(text: str | None) -> dict:
 # The first tier: LLVM at -O0. Measured on this project's programs (XLA:CPU, jaxlib 0.10.2;
 # python -m perf.tier_options, docs/compile-cache.md): about 37% less compile time than the
 # default, the same results bit for bit except reductions (may differ in the last bits:
-# vectorized and scalar loops sum in a different order), and 2-2.5x slower to run. XLA's other cheap-compile knobs measured no faster:
+# vectorized and scalar loops sum in a different order), and 2-2.5x slower to run.
+# XLA's other cheap-compile knobs measured no faster:
 # xla_llvm_disable_expensive_passes, exec_time_optimization_effort, optimization_level,
 # xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE, xla_cpu_parallel_codegen_split_count.
 FIRST_TIER = {"xla_backend_optimization_level": 0}
