@@ -14,6 +14,9 @@ split in defer mode); ``-m slow`` runs every workflow in both modes.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -144,6 +147,46 @@ def test_trainer_checkpoint_and_resume(tmp_path, m, dropout):
     assert resumed[-2:] == pytest.approx(straight[-2:], rel=1e-6)
     if not dropout:
         assert straight == pytest.approx(_trainer_losses("cpu", tmp_path / "c", 0.0), rel=1e-4)
+
+
+# The Trainer patch when lazyrt is imported from inside transformers.trainer (a script whose
+# first import is transformers': torch's device autoload imports lazyrt mid-way), and after it.
+_RNG_FILE_SCRIPT = textwrap.dedent("""
+    {imports}
+    import os, sys, tempfile, torch
+    sys.path.insert(0, {tests!r})
+    from test_hf_clients import _Data, tiny_llama
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), report_to=[], max_steps=1)
+    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=_Data())
+    assert trainer.args.device.type == "tpu", trainer.args.device
+    torch.tpu.manual_seed(7)
+    torch.rand(3, device="tpu")
+    saved = torch.tpu.get_rng_state()
+    trainer._save_rng_state(args.output_dir)
+    torch.rand(5, device="tpu")
+    trainer._load_rng_state(args.output_dir)
+    assert torch.equal(torch.tpu.get_rng_state(), saved)
+    states = torch.load(os.path.join(args.output_dir, "rng_state.pth"), weights_only=False)
+    assert torch.equal(states["tpu"], saved), states.keys()
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("imports", [
+    "from transformers import Trainer, TrainingArguments",
+    pytest.param("import torch, lazyrt\nfrom transformers import Trainer, TrainingArguments",
+                 marks=slow),
+    pytest.param("import transformers.trainer as t\nimport lazyrt\n"
+                 "Trainer, TrainingArguments = t.Trainer, t.TrainingArguments", marks=slow)])
+def test_trainer_checkpoint_holds_tpu_rng_state_whatever_the_import_order(imports):
+    """A checkpoint's RNG file holds the tpu generator's state and restores it, however the
+    script imports transformers and lazyrt (the patch was skipped with a warning when
+    lazyrt's import ran inside ``transformers.trainer``)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    code = _RNG_FILE_SCRIPT.format(imports=imports, tests=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 # ---- accelerate ------------------------------------------------------------------------------

@@ -234,6 +234,8 @@ def _patch_trainer_rng(mod) -> None:
     trainer = mod.Trainer
     save, load = trainer._save_rng_state, trainer._load_rng_state
     safe_globals = mod.safe_globals  # transformers' allowlist of NumPy's RNG state types
+    if getattr(save, "_lazyrt", False):
+        return
 
     def read(path):
         with safe_globals():
@@ -270,9 +272,10 @@ def _rng_file(trainer, folder: str) -> str:
 
 # ---- the import hook -----------------------------------------------------------------------
 
-# module -> patch, run once the module has loaded. NOTE: a module that imports the others it
-# patches: a package's own module may still be loading when lazyrt is imported (importing
-# it imports torch, whose device autoload imports lazyrt), its last import may not.
+# module -> patch, run once the module has loaded (a module that imports the others it
+# patches). A module still loading when lazyrt is imported (its import of torch ran
+# torch's device autoload, which imports lazyrt) is patched when it has loaded
+# (``_when_loaded``).
 PATCHES = {f"{_CB}.continuous_api": _patch_transformers_cb,
            "transformers.trainer": _patch_trainer_rng}
 _pending = dict(PATCHES)
@@ -329,6 +332,34 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
+def _when_loaded(name: str, module, patch) -> None:
+    """Run ``patch`` once ``module``, still executing, has finished loading: lazyrt was
+    imported from inside it (``from transformers import Trainer`` as a script's first import
+    reaches ``import torch``, whose device autoload imports lazyrt). The import system marks
+    the end of a module's loading by setting ``_initializing = False`` on its spec
+    (``importlib._bootstrap._load_unlocked``, Python 3.9-3.13): that one assignment, on that
+    one spec object, is watched. (Its parent package's attribute is no hook: transformers
+    replaces its package object while loading.)"""
+    spec = module.__spec__
+    cls = type(spec)
+
+    class _Watched(cls):
+        def __setattr__(self, attr, value):
+            super().__setattr__(attr, value)
+            if attr == "_initializing" and not value and type(self) is _Watched:
+                self.__class__ = cls
+                if sys.modules.get(name) is module:  # not a failed import
+                    _run(patch, module)
+
+    _Watched.__name__ = _Watched.__qualname__ = cls.__name__
+    _Watched.__module__ = cls.__module__
+    try:
+        spec.__class__ = _Watched
+    except TypeError:  # a spec class of another layout (importlib's finders make none)
+        warnings.warn(f"lazyrt: {name} was loading when lazyrt was imported; its patch is "
+                      "not applied (import lazyrt first)", stacklevel=3)
+
+
 def install() -> None:
     """Patch the libraries already imported; hook the import of the others."""
     for name in list(_pending):
@@ -336,9 +367,8 @@ def install() -> None:
         if mod is None:
             continue
         del _pending[name]
-        if getattr(mod.__spec__, "_initializing", False):
-            warnings.warn(f"lazyrt: {name} was loading when lazyrt was imported; its patch is "
-                          "not applied (import lazyrt first)", stacklevel=2)
+        if getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            _when_loaded(name, mod, PATCHES[name])
         else:
             _run(PATCHES[name], mod)
     if _pending and _finder not in sys.meta_path:
