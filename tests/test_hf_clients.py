@@ -178,6 +178,7 @@ _RNG_FILE_SCRIPT = textwrap.dedent("""
                  marks=slow),
     pytest.param("import transformers.trainer as t\nimport lazyrt\n"
                  "Trainer, TrainingArguments = t.Trainer, t.TrainingArguments", marks=slow)])
+@pytest.mark.subprocess
 def test_trainer_checkpoint_holds_tpu_rng_state_whatever_the_import_order(imports):
     """A checkpoint's RNG file holds the tpu generator's state and restores it, however the
     script imports transformers and lazyrt (the patch was skipped with a warning when

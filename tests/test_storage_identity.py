@@ -157,6 +157,7 @@ _STORAGE_SWEEP = textwrap.dedent("""
 
 
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+@pytest.mark.subprocess
 def test_storage_methods_work_or_raise_and_never_crash():
     """Each storage method on a tpu tensor's storage gives the CPU's result or raises
     (lazyrt's error naming the limit); the process survives (it died of SIGSEGV on
