@@ -58,13 +58,6 @@ if DEVICE == "tpu":
 
     torch.tpu.get_device_properties = _with_budget
 
-    # TEMPORARY (until branch compile-edges, graphs routed by the tpu tensors they create
-    # and read, is on main): Dynamo set up for tpu tensors before anything traces, so
-    # ``torch.compile(create_block_mask)`` lifts its captured tpu tensors as graph inputs
-    # and goes to the tpu backend instead of inductor.
-    from lazyrt._compile import dynamo as _dynamo
-
-    _dynamo.setup()
 else:
     import torch._utils
 
