@@ -198,3 +198,40 @@ def test_first_dynamo_use_in_a_process(first):
     r = subprocess.run([sys.executable, "-c", f"FIRST = {first!r}\n" + _FIRST_USE],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+class _Block(torch.nn.Module):
+    """torchtitan's shape: a compiled block (fullgraph) calling a compiled flex_attention."""
+
+    compiled_flex = staticmethod(torch.compile(flex_attention))
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(E, E)
+
+    def forward(self, x, mask):
+        return self.compiled_flex(self.proj(x), x, x, block_mask=mask)
+
+
+def test_compiled_flex_inside_a_compiled_block(mode, monkeypatch):
+    torch.manual_seed(0)
+    block = _Block()
+    x = torch.randn(B, H, L, E)
+    doc = _docs()
+    with monkeypatch.context() as m:  # the CPU math's backward (see ``_cpu``)
+        m.setattr(fa, "_validate_device", lambda q, k, v: None)
+        exp = flex_attention(block.proj(x), x, x,
+                             block_mask=create_block_mask(_document(doc), B, None, L, L,
+                                                          device="cpu"))
+        exp.sum().backward()
+    tblock = _Block().to("tpu")
+    tblock.load_state_dict(block.state_dict())
+    tblock.compile(fullgraph=True)
+    before = lazyrt.metrics.counters().get("compiled_eager_calls", 0)
+    got = tblock(x.to("tpu"), create_block_mask(_document(doc.to("tpu")), B, None, L, L,
+                                                device="tpu"))
+    got.sum().backward()
+    assert lazyrt.metrics.counters().get("compiled_eager_calls", 0) == before
+    torch.testing.assert_close(got.detach().cpu(), exp.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tblock.proj.weight.grad.cpu(), block.proj.weight.grad,
+                               rtol=1e-4, atol=1e-4)

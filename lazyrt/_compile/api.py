@@ -193,6 +193,10 @@ def _per_call(orig, fn, backend, dynamic, kwargs):
             compiled[tpu] = f
         return f(*args, **kw)
 
+    # NOTE: called inside another compiled region (torchtitan's compiled flex_attention in a
+    # compiled block), Dynamo inlines ``fn``, as it does torch.compile's own wrapper
+    # (this wrapper's file is in Dynamo's skip list).
+    run._torchdynamo_inline = fn
     return run
 
 
