@@ -36,7 +36,7 @@ import sys
 DEVICE = os.environ.get("TITAN_DEVICE", "tpu")
 
 for _k, _v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29571")):
+               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29571")):  # _titan.py sets a free port
     os.environ.setdefault(_k, _v)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
