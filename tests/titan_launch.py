@@ -45,19 +45,6 @@ import torch.distributed as dist  # noqa: E402
 
 if DEVICE == "tpu":
     import lazyrt  # noqa: F401  (torchtitan picks the "tpu" device by itself)
-
-    # TEMPORARY (until branch hf-memory, real memory facts, is on main): a budget where the
-    # CPU platform reports total_memory 0, which torchtitan divides by.
-    _props = torch.tpu.get_device_properties
-
-    def _with_budget(device=None):
-        p = _props(device)
-        if not p.total_memory:
-            p.total_memory = 8 << 30
-        return p
-
-    torch.tpu.get_device_properties = _with_budget
-
 else:
     import torch._utils
 
