@@ -124,7 +124,10 @@ def run(root: str, name: str, device: str = "tpu", mode: str | None = None, npro
                            os.path.join(root, "out", name), *args, "activation-checkpoint:none"])
     log_path = os.path.join(root, f"{name}.log")
     with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, cwd=root, env=env_for(device, mode, init, losses), stdout=log,
+        env = env_for(device, mode, init, losses)
+        if nprocs == 1:  # its own rendezvous port (torchrun picks one for 2 ranks)
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        p = subprocess.Popen(cmd, cwd=root, env=env, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
         try:
             p.wait(timeout=timeout)

@@ -3,6 +3,10 @@ score and mask mods, block masks built on tpu, eagerly (strict, defer) and compi
 against PyTorch's own CPU math (``sdpa_dense``, the HOP's CPU kernel)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.attention.flex_attention as fa
@@ -11,6 +15,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 import lazyrt
 
 B, H, L, E = 2, 2, 128, 16
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _causal(b, h, q, kv):
@@ -151,3 +156,82 @@ def test_other_devices_still_refused():
     q = torch.randn(1, 1, 16, 8, requires_grad=True)
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
         flex_attention(q, q, q)
+
+
+# A fresh interpreter, where nothing compiled before: its first Dynamo use is FlexAttention's.
+_FIRST_USE = """
+import torch, lazyrt
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+doc = torch.tensor([[0] * 40 + [1] * 24, [0] * 64])
+def mask_of(d):
+    return lambda b, h, q, kv: (d[b, q] == d[b, kv]) & (q >= kv)
+if FIRST == "compiled_block_mask":  # no tpu argument: the tpu tensor is a closure's
+    got = torch.compile(create_block_mask)(mask_of(doc.to("tpu")), 2, None, 64, 64,
+                                           device="tpu", BLOCK_SIZE=16)
+    exp = create_block_mask(mask_of(doc), 2, None, 64, 64, device="cpu", BLOCK_SIZE=16)
+    for a, b in zip(got.as_tuple()[2:14], exp.as_tuple()[2:14]):
+        if isinstance(b, torch.Tensor):
+            assert torch.equal(a.cpu(), b), (a, b)
+else:  # eager flex_attention compiles its HOP wrapper with PyTorch's backend="eager"
+    q = torch.randn(2, 2, 64, 8, generator=torch.Generator().manual_seed(0))
+    mask = create_block_mask(mask_of(doc), 2, None, 64, 64, device="cpu", BLOCK_SIZE=16)
+    exp = flex_attention(q, q, q, block_mask=mask)
+    tmask = create_block_mask(mask_of(doc.to("tpu")), 2, None, 64, 64, device="tpu",
+                              BLOCK_SIZE=16)
+    t = q.to("tpu")
+    got = flex_attention(t, t, t, block_mask=tmask)
+    torch.testing.assert_close(got.cpu(), exp, rtol=1e-4, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("first", ["compiled_block_mask", "eager_flex"])
+def test_first_dynamo_use_in_a_process(first):
+    """Dynamo is set up for tpu tensors by any ``torch.compile`` call, whatever its backend:
+    a compiled ``create_block_mask`` over a captured tpu tensor (no tpu argument) runs on
+    tpu, and eager ``flex_attention`` (PyTorch compiles its wrapper with backend="eager")
+    traces tpu tensors, as the first Dynamo use of a process."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TORCH_TPU_MODE", None)
+    r = subprocess.run([sys.executable, "-c", f"FIRST = {first!r}\n" + _FIRST_USE],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+class _Block(torch.nn.Module):
+    """torchtitan's shape: a compiled block (fullgraph) calling a compiled flex_attention."""
+
+    compiled_flex = staticmethod(torch.compile(flex_attention))
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(E, E)
+
+    def forward(self, x, mask):
+        return self.compiled_flex(self.proj(x), x, x, block_mask=mask)
+
+
+def test_compiled_flex_inside_a_compiled_block(mode, monkeypatch):
+    torch.manual_seed(0)
+    block = _Block()
+    x = torch.randn(B, H, L, E)
+    doc = _docs()
+    with monkeypatch.context() as m:  # the CPU math's backward (see ``_cpu``)
+        m.setattr(fa, "_validate_device", lambda q, k, v: None)
+        exp = flex_attention(block.proj(x), x, x,
+                             block_mask=create_block_mask(_document(doc), B, None, L, L,
+                                                          device="cpu"))
+        exp.sum().backward()
+    tblock = _Block().to("tpu")
+    tblock.load_state_dict(block.state_dict())
+    tblock.compile(fullgraph=True)
+    before = lazyrt.metrics.counters().get("compiled_eager_calls", 0)
+    got = tblock(x.to("tpu"), create_block_mask(_document(doc.to("tpu")), B, None, L, L,
+                                                device="tpu"))
+    got.sum().backward()
+    assert lazyrt.metrics.counters().get("compiled_eager_calls", 0) == before
+    torch.testing.assert_close(got.detach().cpu(), exp.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tblock.proj.weight.grad.cpu(), block.proj.weight.grad,
+                               rtol=1e-4, atol=1e-4)

@@ -36,7 +36,7 @@ import sys
 DEVICE = os.environ.get("TITAN_DEVICE", "tpu")
 
 for _k, _v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29571")):
+               ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29571")):  # _titan.py sets a free port
     os.environ.setdefault(_k, _v)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -45,18 +45,6 @@ import torch.distributed as dist  # noqa: E402
 
 if DEVICE == "tpu":
     import lazyrt  # noqa: F401  (torchtitan picks the "tpu" device by itself)
-
-    # TEMPORARY (until branch hf-memory, real memory facts, is on main): a budget where the
-    # CPU platform reports total_memory 0, which torchtitan divides by.
-    _props = torch.tpu.get_device_properties
-
-    def _with_budget(device=None):
-        p = _props(device)
-        if not p.total_memory:
-            p.total_memory = 8 << 30
-        return p
-
-    torch.tpu.get_device_properties = _with_budget
 else:
     import torch._utils
 

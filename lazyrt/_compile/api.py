@@ -17,7 +17,8 @@
   tpu tensors keep static shapes (``_patches.install_dynamo``), each new shape compiles
   its own graph, up to Dynamo's recompile limit. ``dynamic=False`` specializes scalars too.
 
-Nothing here imports Dynamo.
+Nothing here imports Dynamo; a ``torch.compile`` call sets it up for tpu tensors
+(``dynamo.setup``) before anything traces, whatever the backend.
 """
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def _tpu():
     from .backend import tpu_backend
 
     return tpu_backend
+
+
+def _dynamo_setup() -> None:
+    from .dynamo import setup
+
+    setup()
 
 
 def _is_tpu_backend(backend) -> bool:
@@ -148,6 +155,9 @@ def compile(orig, model=None, *, backend=None, dynamic=None, **kwargs):
     """``torch.compile`` with the tpu rule; ``orig`` is PyTorch's own."""
     if model is None:
         return lambda m: compile(orig, m, backend=backend, dynamic=dynamic, **kwargs)
+    # NOTE: Dynamo set up for tpu tensors before any compile traces, whatever its backend:
+    # PyTorch's own backend="eager" compiles (eager flex_attention's) then trace tpu tensors.
+    _dynamo_setup()
     if _is_tpu_backend(backend):
         return orig(model, backend=_tpu(), dynamic=_tpu_dynamic(dynamic), **_for_tpu(kwargs))
     if backend not in (None, "inductor") or not callable(model):
@@ -183,6 +193,10 @@ def _per_call(orig, fn, backend, dynamic, kwargs):
             compiled[tpu] = f
         return f(*args, **kw)
 
+    # NOTE: called inside another compiled region (torchtitan's compiled flex_attention in a
+    # compiled block), Dynamo inlines ``fn``, as it does torch.compile's own wrapper
+    # (this wrapper's file is in Dynamo's skip list).
+    run._torchdynamo_inline = fn
     return run
 
 
