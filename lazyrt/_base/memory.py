@@ -3,13 +3,19 @@
 One choke point: every ``jax.Array`` lazyrt materializes for a ``tpu`` tensor
 goes through ``track``; a weak reference uncounts it when the last holder lets
 it go. For every computation (a strict op or a defer flush) the executor calls
-``record_execution`` with XLA's own memory analysis of the compiled executable;
-the HBM peak of that computation is
+``record_execution`` (or, for an unlogged strict op, ``note_peak``) with XLA's own
+memory analysis of the compiled executable; the HBM peak of that computation is
 
-    live bytes not passed into it + its own peak (arguments + outputs + temps - aliased)
+    live bytes before it + what it allocates beyond its arguments (outputs + temps - aliased)
 
-and the running maximum is the process peak. Strict and defer use the same
-accounting, so their peaks compare fairly.
+(its arguments are live arrays already, each buffer counted once however often it is
+passed: ``MemoryAnalysis.extra_bytes``), and the running maximum is the process peak.
+Strict and defer use the same accounting, so their peaks compare fairly.
+
+What is exact, and when: live bytes at every moment (``track`` on materialization, a
+weakref callback on release); the process peak whenever it is read (every computation
+is folded in as it runs: one addition and a compare per strict op); the per-computation
+log (defer flushes always, strict ops when ``LOG_STRICT`` is on).
 """
 from __future__ import annotations
 
@@ -85,6 +91,40 @@ def _purge_deleted() -> int:
     return freed
 
 
+def track_outputs(arrays, nbytes) -> None:
+    """Count the fresh outputs of a computation (``nbytes``: their sizes, known from the
+    program): ``track`` for each, under one lock."""
+    with _LOCK:
+        for a, nb in zip(arrays, nbytes):
+            key = id(a)
+            if key in _live:
+                continue
+            ref = _Tracked(a, _release)  # NOTE: may run _release (a GC pass): re-entrant lock
+            ref.key = key
+            ref.nbytes = nb
+            _live[key] = ref
+            _state["live"] += nb
+
+
+def count_run(arrays, nbytes, live_before: int, extra_bytes: int, where: str) -> None:
+    """An unlogged computation (a strict op) ran: count its fresh outputs (as
+    ``track_outputs``) and fold its peak (``computation_peak``) into the process peak."""
+    with _LOCK:
+        for a, nb in zip(arrays, nbytes):
+            key = id(a)
+            if key in _live:
+                continue
+            ref = _Tracked(a, _release)
+            ref.key = key
+            ref.nbytes = nb
+            _live[key] = ref
+            _state["live"] += nb
+    peak = live_before + extra_bytes
+    if peak > _state["peak"]:
+        _state["peak"] = peak
+        _state["peak_where"] = where
+
+
 def track(arr, nbytes: int | None = None) -> None:
     """Count a materialized device array until it is garbage (``nbytes`` if the caller
     knows it: ``jax.Array.nbytes`` costs microseconds, which add up over a flush's outputs)."""
@@ -134,21 +174,6 @@ def untrack(arrays) -> int:
     return freed
 
 
-def bytes_of(arrays) -> int:
-    """Bytes of the distinct tracked arrays among ``arrays``."""
-    seen = set()
-    total = 0
-    for a in arrays:
-        k = id(a)
-        if k in seen:
-            continue
-        seen.add(k)
-        e = _live.get(k)
-        if e is not None:
-            total += e.nbytes
-    return total
-
-
 @dataclasses.dataclass
 class MemoryAnalysis:
     argument_bytes: int
@@ -157,6 +182,11 @@ class MemoryAnalysis:
     alias_bytes: int
     peak_bytes: int
     generated_code_bytes: int = 0
+    # what running it allocates beyond its arguments (which are live already)
+    extra_bytes: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.extra_bytes = max(self.peak_bytes - self.argument_bytes, 0)
 
     @classmethod
     def of(cls, compiled) -> MemoryAnalysis:
@@ -207,17 +237,16 @@ class FlushRecord:
 _log_index = [0]  # index of the next logged execution (FlushRecord.index)
 
 
-def computation_peak(live_before: int, passed_bytes: int, analysis: MemoryAnalysis) -> int:
-    """THE peak rule of one computation: live bytes not passed into it + its own peak."""
-    return max(live_before - passed_bytes, 0) + analysis.peak_bytes
+def computation_peak(live_before: int, analysis: MemoryAnalysis) -> int:
+    """THE peak rule of one computation: the live bytes before it (its arguments among
+    them) + what it allocates beyond its arguments."""
+    return live_before + analysis.extra_bytes
 
 
-def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: str) -> None:
-    """Fold one unlogged computation (a strict op on the hot path, run on ``arrays``) into
-    the process peak."""
-    if live_before + analysis.peak_bytes <= _state["peak"]:
-        return  # an upper bound of its peak: the bytes passed in need not be counted
-    peak = computation_peak(live_before, bytes_of(arrays), analysis)
+def note_peak(peak: int, where: str) -> None:
+    """An unlogged computation (a strict op) peaked at ``peak`` bytes (``computation_peak``),
+    more than the process peak so far: it is the new peak. The caller compares first (an
+    addition and a compare on every strict op)."""
     if peak > _state["peak"]:
         _state["peak"] = peak
         _state["peak_where"] = where
@@ -225,7 +254,7 @@ def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: 
 
 def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cache_hit: bool,
                      compile_seconds: float, execute_seconds: float, analysis: MemoryAnalysis,
-                     live_before: int, passed_bytes: int, source: str = "",
+                     live_before: int, source: str = "",
                      largest: list | None = None, log: bool = True, t_start: float = 0.0) -> int:
     """Account one computation; returns its HBM peak in bytes.
 
@@ -240,13 +269,13 @@ def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cac
         # on the arrays it donated (before this call) skips it.
         _purge_deleted()
     _state.pop("untracked", None)
-    peak = computation_peak(live_before, passed_bytes, analysis)
+    peak = computation_peak(live_before, analysis)
     idx = _log_index[0]
     _log_index[0] = idx + 1
     if log and not source:
         source = _source.user_line(2)
     st = _state
-    # NOTE: an unlogged computation (``note_computation``) names itself ("where" = its op
+    # NOTE: an unlogged computation (``note_peak``) names itself ("where" = its op
     # name); a tie with it takes this call's source line.
     where = st["peak_where"]
     if peak > st["peak"] or (peak == st["peak"] and (where in (name, "")

@@ -416,7 +416,6 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                 exe.hits += 1
                 COUNTERS["cache_hits"] += 1
             live_before = memory._state["live"]
-            passed = memory.bytes_of(leaves)
             t0 = time.perf_counter()
             # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
             # there), never at a call: no warning filter here (~0.2 ms a flush).
@@ -460,9 +459,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         memory.record_execution(
             mode="defer", name=reason, trace_hash=_hash_hex(key), num_ops=n_ops, cache_hit=hit,
             compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
-            live_before=live_before, passed_bytes=passed, source=src,
-            largest=[dict(d) for d in exe.largest],
-            t_start=t_start)
+            live_before=live_before, source=src, largest=exe.largest, t_start=t_start)
         if config.mode == "debug":
             for r in results:
                 r.block_until_ready()
