@@ -20,6 +20,7 @@ log (defer flushes always, strict ops when ``LOG_STRICT`` is on).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import weakref
@@ -38,9 +39,15 @@ class _Tracked(weakref.ref):
 
 
 _live: dict[int, _Tracked] = {}  # id(array) -> its _Tracked
-# NOTE: re-entrant: a weakref callback (``_release``) can run inside ``track`` on the same
-# thread when an allocation frees something. Taken by every update of the live bytes, so
-# threads dispatching ops at once keep the count exact.
+# NOTE: threads. The live-byte count is kept exact without a lock on the hot path: an
+# entry of ``_live`` is added (``track``: ``setdefault``) and removed (``_release``,
+# ``untrack``, ``_purge_deleted``: ``pop``) by single dict operations, only the one that
+# added it adds its bytes and only the one that removed it subtracts them; each counter update (``_state[k] += n``, ``-=``, a compare and a
+# store) is a run of bytecodes with no call in it, which CPython (3.11-3.13, with the
+# GIL) never interleaves with another thread or with a weakref callback. Taking a lock
+# instead cost ~0.5 us per op (two lock round trips: track and release). Without the
+# GIL (a free-threaded build) every one of these functions runs under ``_LOCK``
+# (``_locked``, at the end of this block).
 _LOCK = threading.RLock()
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
 # Counters already attributed to a logged execution (strict mode learns its
@@ -56,7 +63,8 @@ _T0 = time.perf_counter()
 
 def _observe(live: int) -> None:
     """``live`` bytes were resident at once: fold them into the peaks."""
-    _state["live_peak"] = max(_state["live_peak"], live)
+    if live > _state["live_peak"]:
+        _state["live_peak"] = live
     if live > _state["peak"]:
         _state["peak"] = live
         _state["peak_where"] = f"{LIVE_WHERE}, until {_source.user_line(3)}"
@@ -65,59 +73,49 @@ def _observe(live: int) -> None:
 
 def _release(ref: _Tracked) -> None:
     """The array of ``ref`` is garbage (its weakref callback)."""
-    with _LOCK:
-        if _live.get(ref.key) is ref:
-            del _live[ref.key]
-            live = _state["live"]
-            # NOTE: live bytes peak just before they drop; observing here (and at each
-            # computation and each read) rather than in ``track`` keeps a flush's outputs,
-            # tracked while its donated inputs are not yet uncounted, from double-counting.
-            if live > _state["peak"] or live > _state["live_peak"]:
-                _observe(live)
-            _state["live"] = live - ref.nbytes
+    # NOTE: the entry is this ref's unless ``untrack``/``_purge_deleted`` took it (then
+    # they uncounted it); no other array can have this id while this one is not freed.
+    if _live.pop(ref.key, None) is ref:
+        live = _state["live"]
+        # NOTE: live bytes peak just before they drop; observing here (and at each
+        # computation and each read) rather than in ``track`` keeps a flush's outputs,
+        # tracked while its donated inputs are not yet uncounted, from double-counting.
+        if live > _state["peak"] or live > _state["live_peak"]:
+            _observe(live)
+        _state["live"] -= ref.nbytes
 
 
 def _purge_deleted() -> int:
     """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
     freed = 0
-    with _LOCK:
-        for key, ref in list(_live.items()):
-            a = ref()
-            if a is not None and a.is_deleted():
-                # The weakref callback pops nothing later: the entry is gone.
-                del _live[key]
-                freed += ref.nbytes
-        _state["live"] -= freed
+    for key, ref in list(_live.items()):
+        a = ref()
+        if a is not None and a.is_deleted() and _live.pop(key, None) is ref:
+            # The weakref callback pops nothing later: the entry is gone.
+            freed += ref.nbytes
+    _state["live"] -= freed
     return freed
 
 
 def track_outputs(arrays, nbytes) -> None:
     """Count the fresh outputs of a computation (``nbytes``: their sizes, known from the
-    program): ``track`` for each, under one lock."""
-    with _LOCK:
-        for a, nb in zip(arrays, nbytes):
-            key = id(a)
-            if key in _live:
-                continue
-            ref = _Tracked(a, _release)  # NOTE: may run _release (a GC pass): re-entrant lock
-            ref.key = key
-            ref.nbytes = nb
-            _live[key] = ref
+    program), as ``track`` does each."""
+    for a, nb in zip(arrays, nbytes):
+        ref = _Tracked(a, _release)
+        ref.key = key = id(a)
+        ref.nbytes = nb
+        if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
             _state["live"] += nb
 
 
 def count_run(arrays, nbytes, live_before: int, extra_bytes: int, where: str) -> None:
     """An unlogged computation (a strict op) ran: count its fresh outputs (as
     ``track_outputs``) and fold its peak (``computation_peak``) into the process peak."""
-    with _LOCK:
-        for a, nb in zip(arrays, nbytes):
-            key = id(a)
-            if key in _live:
-                continue
-            ref = _Tracked(a, _release)
-            ref.key = key
-            ref.nbytes = nb
-            _live[key] = ref
+    for a, nb in zip(arrays, nbytes):
+        ref = _Tracked(a, _release)
+        ref.key = key = id(a)
+        ref.nbytes = nb
+        if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
             _state["live"] += nb
     peak = live_before + extra_bytes
     if peak > _state["peak"]:
@@ -139,9 +137,38 @@ def track(arr, nbytes: int | None = None) -> None:
         return
     ref.key = key
     ref.nbytes = nbytes
-    with _LOCK:
-        _live[key] = ref
+    if _live.setdefault(key, ref) is ref:
         _state["live"] += nbytes
+
+
+def untrack(arrays) -> int:
+    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
+    freed = 0
+    for a in arrays:
+        key = id(a)
+        e = _live.get(key)
+        if e is not None and _live.pop(key, None) is e:
+            freed += e.nbytes
+    _state["live"] -= freed
+    _state["untracked"] = True
+    return freed
+
+
+def _locked(f):
+    def locked(*args):
+        with _LOCK:
+            return f(*args)
+    locked.__doc__ = f.__doc__
+    return locked
+
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    _release = _locked(_release)
+    _purge_deleted = _locked(_purge_deleted)
+    track_outputs = _locked(track_outputs)
+    count_run = _locked(count_run)
+    track = _locked(track)
+    untrack = _locked(untrack)
 
 
 def live_bytes() -> int:
@@ -159,19 +186,6 @@ def live_arrays() -> list:
         if a is not None and not a.is_deleted():
             out.append(a)
     return out
-
-
-def untrack(arrays) -> int:
-    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
-    freed = 0
-    with _LOCK:
-        for a in arrays:
-            e = _live.pop(id(a), None)
-            if e is not None:
-                freed += e.nbytes
-        _state["live"] -= freed
-        _state["untracked"] = True
-    return freed
 
 
 @dataclasses.dataclass
