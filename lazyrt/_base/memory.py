@@ -39,14 +39,14 @@ class _Tracked(weakref.ref):
 
 
 _live: dict[int, _Tracked] = {}  # id(array) -> its _Tracked
-# NOTE: threads. The live-byte count is kept exact without a lock on the hot path: an
-# entry of ``_live`` is added (``track``: ``setdefault``) and removed (``_release``,
-# ``untrack``, ``_purge_deleted``: ``pop``) by single dict operations, only the one that
-# added it adds its bytes and only the one that removed it subtracts them; each counter update (``_state[k] += n``, ``-=``, a compare and a
-# store) is a run of bytecodes with no call in it, which CPython (3.11-3.13, with the
-# GIL) never interleaves with another thread or with a weakref callback. Taking a lock
-# instead cost ~0.5 us per op (two lock round trips: track and release). Without the
-# GIL (a free-threaded build) every one of these functions runs under ``_LOCK``
+# NOTE: threads. The live-byte count is kept exact without a lock on the hot path: an entry of
+# ``_live`` is added (``track``: ``setdefault``) and removed (``_release``, ``untrack``,
+# ``_purge_deleted``: ``pop``) by single dict operations, only the one that added it adds its
+# bytes and only the one that removed it subtracts them; each counter update (``_state[k] +=
+# n``, ``-=``, a compare and a store) is a run of bytecodes with no call in it, which CPython
+# (3.11-3.13, with the GIL) never interleaves with another thread or with a weakref callback.
+# Taking a lock instead cost ~0.5 us per op (two lock round trips: track and release). Without
+# the GIL (a free-threaded build) every one of these functions runs under ``_LOCK``
 # (``_locked``, at the end of this block).
 _LOCK = threading.RLock()
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}

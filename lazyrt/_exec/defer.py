@@ -2,7 +2,8 @@
 
 Recording appends a node (its prog and input wiring) and, for a new input, its leaf
 aval; nothing else. A flush hashes the trace's structure (the progs, the input wiring,
-the leaf avals: C-level tuple hashes, ~5 us for 200 ops) and never looks at data. Device-data leaves are keyed by shape and dtype only;
+the leaf avals: C-level tuple hashes, ~5 us for 200 ops) and never looks at data.
+Device-data leaves are keyed by shape and dtype only;
 Python float scalars and RNG seeds are runtime inputs (one float64 vector), so
 a changing learning rate or a fresh random draw compiles nothing new. A cache hit
 is then checked against the trace itself (the same progs, input wiring and leaf
@@ -54,8 +55,7 @@ from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
 from . import xla as _xla
-from .trace import (  # noqa: F401  (explain, graph_text: re-exported)
-    _MASK, _SHIFT, Trace, explain, graph_text, structure_hash)
+from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
 
 LOCK = threading.RLock()
 _owned = LOCK._is_owned
