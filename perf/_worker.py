@@ -62,7 +62,9 @@ def _diff(after: dict, before: dict) -> dict:
 
 
 def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None = None,
-        threads: int | None = None) -> dict:
+        threads: int | None = None, after=None) -> dict:
+    """``after(workload)``: called after the timed steps (``perf.device`` profiles a few
+    more steps there)."""
     import torch
 
     if threads:
@@ -171,6 +173,8 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     if wl.ops_per_step:
         res["us_per_op"] = res["median_ms"] * 1e3 / wl.ops_per_step
     res["losses"] = losses[:8]
+    if after is not None:
+        after(wl)
     final = wl.probe()
     res["final_checksum"] = None if final is None else float(final)
     res["ok"] = True
