@@ -90,7 +90,7 @@ def _on_floor(model):
 
 
 def _run_one(device: str, kind: str, step: bool, width: int, steps: int,
-             warmup: int) -> tuple[float, float]:
+             warmup: int) -> tuple[float, float, float]:
     import time
 
     import torch
@@ -117,9 +117,9 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int,
         model = torch.compile(model, **kw)
         if step:
             opt.step = torch.compile(opt.step, **kw)
-    ts, cs = [], []
+    ts, cs, hs = [], [], []
     for i in range(warmup + steps):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -128,7 +128,9 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int,
         if i >= warmup:
             ts.append(time.perf_counter() - t0)
             cs.append(time.process_time() - c0)
-    return statistics.median(ts) * 1e3, statistics.median(cs) * 1e3
+            hs.append(time.thread_time() - h0)
+    return (statistics.median(ts) * 1e3, statistics.median(cs) * 1e3,
+            statistics.median(hs) * 1e3)
 
 
 def _label(device, kind, step):
@@ -153,6 +155,7 @@ def main(argv=None) -> int:
     configs = [c for c in CONFIGS if _label(*c) not in skip and f"{c[0]} {c[1]}" not in skip]
     res: dict = {c: [] for c in configs}
     cpu: dict = {c: [] for c in configs}
+    thr: dict = {c: [] for c in configs}
     for r in range(a.repeat):
         # each round starts from the next configuration, so none always runs first
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -164,14 +167,17 @@ def main(argv=None) -> int:
                 capture_output=True, text=True, timeout=600)
             if out.returncode != 0:
                 raise SystemExit(f"{_label(*c)} failed:\n{out.stderr[-2000:]}")
-            wall, proc = out.stdout.strip().splitlines()[-1].split()
+            wall, proc, thread = out.stdout.strip().splitlines()[-1].split()
             res[c].append(float(wall))
             cpu[c].append(float(proc))
-    print(f"mlp_train step at width {a.width} (kernels ~free): median ms per step (wall; and "
-          f"the process's CPU time, all threads), median of {a.repeat} rounds")
+            thr[c].append(float(thread))
+    print(f"mlp_train step at width {a.width} (kernels ~free): median ms per step (wall; the "
+          f"process's CPU time, all threads; the CPU time of the thread running the step), "
+          f"median of {a.repeat} rounds")
     for c in configs:
         print(f"  {_label(*c):24s} {statistics.median(res[c]):7.3f} ms   "
               f"cpu {statistics.median(cpu[c]):7.3f} ms   "
+              f"thread {statistics.median(thr[c]):7.3f} ms   "
               f"(rounds: {', '.join(f'{v:.3f}' for v in res[c])})")
     return 0
 
