@@ -62,7 +62,9 @@ def _diff(after: dict, before: dict) -> dict:
 
 
 def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None = None,
-        threads: int | None = None) -> dict:
+        threads: int | None = None, after=None) -> dict:
+    """``after(workload)``: called after the timed steps (``perf.device`` profiles a few
+    more steps there)."""
     import torch
 
     if threads:
@@ -130,15 +132,16 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     if lazyrt is not None:
         before = _counters()
         torch.tpu.reset_peak_memory_stats()
-    times, host, wait = [], [], []
+    times, host, wait, proc = [], [], [], []
     counters = lazyrt.metrics.COUNTERS if lazyrt is not None else {"wait_seconds": 0.0}
     for _ in range(steps):
-        h0 = time.thread_time()
+        h0, p0 = time.thread_time(), time.process_time()
         w0 = counters["wait_seconds"]
         t0 = time.perf_counter()
         out = wl.step()
         times.append(time.perf_counter() - t0)
         host.append(time.thread_time() - h0)
+        proc.append(time.process_time() - p0)
         wait.append(counters["wait_seconds"] - w0)
         if out is not None:
             losses.append(float(out))
@@ -162,6 +165,9 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     # CPU time of the Python thread that issues the step (XLA runs on its own threads):
     # what an accelerator host spends per step.
     res["host_ms"] = statistics.median(h * 1e3 for h in host)
+    # CPU time of the whole process (XLA's threads too): on a loaded machine, the figure
+    # least disturbed by waiting for a core.
+    res["process_cpu_ms"] = statistics.median(p * 1e3 for p in proc)
     if lazyrt is not None:
         # Time the host sat blocked on device results (``loss.item()``, ``lazyrt.sync()``),
         # and the rest of the step: issuing it (recording, dispatch, flush bookkeeping).
@@ -171,6 +177,8 @@ def run(workload: str, mode: str, steps: int, warmup: int, variant: str | None =
     if wl.ops_per_step:
         res["us_per_op"] = res["median_ms"] * 1e3 / wl.ops_per_step
     res["losses"] = losses[:8]
+    if after is not None:
+        after(wl)
     final = wl.probe()
     res["final_checksum"] = None if final is None else float(final)
     res["ok"] = True

@@ -2,7 +2,8 @@
 the minimum over ``--reps`` chains of ``--ops`` 4x4 ``mul``/``add`` ops, for the two floors
 (``floor_dispatch``: a ``__torch_dispatch__`` that only returns a new wrapper; ``floor_jit``:
 a cached ``jax.jit`` call per op), defer recording (the trace is dropped, never run) and
-strict (every op run).
+strict (every op run); and ``flush_hit_200``, the CPU time of one cache-hit flush of a
+200-op trace (``x = x + b`` on 4x4; the trace recorded before the clock starts).
 
     python -m perf.per_op [--ops 2000] [--reps 25]
 
@@ -70,6 +71,19 @@ def main(argv=None) -> int:
             _defer._trace = _defer.Trace()  # drop the trace: recording only
 
         res["defer_record"] = _best(record, a.reps, a.ops)
+
+        def flush_hit():
+            y = tx
+            for _ in range(200):
+                y = y + tw
+            t0, w0 = time.thread_time(), time.perf_counter()
+            lazyrt.sync()
+            return (time.thread_time() - t0) * 1e6, (time.perf_counter() - w0) * 1e6
+
+        for _ in range(3):
+            flush_hit()  # compile, then hits
+        fl = [flush_hit() for _ in range(a.reps)]
+        flush_us, flush_wall = min(c for c, _ in fl), min(w for _, w in fl)
     with lazyrt.set_mode("strict"):
         def strict(n):
             _chain(tx, tw, n).cpu()
@@ -78,6 +92,8 @@ def main(argv=None) -> int:
         res["strict"] = _best(strict, a.reps, a.ops)
     for k, v in res.items():
         print(f"{k:<15} {v:6.2f} us/op (CPU time, min of {a.reps})")
+    print(f"flush_hit_200   {flush_us / 1e3:6.3f} ms per flush (CPU time, min of {a.reps}; "
+          f"wall {flush_wall / 1e3:.3f} ms)")
     print(f"defer_record / floor_dispatch {res['defer_record'] / res['floor_dispatch']:.2f}x, "
           f"strict / floor_jit {res['strict'] / res['floor_jit']:.2f}x")
     return 0

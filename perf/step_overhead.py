@@ -3,6 +3,7 @@ layers, AdamW, ``loss.item()``) at a tiny width, where every kernel costs next t
 so the step's time is the Python/C++ machinery around the kernels.
 
     python -m perf.step_overhead [--width 8] [--steps 40] [--warmup 20] [--repeat 3]
+                                 [--skip "cpu aot_eager"]
 
 Rows, each in a fresh process (median step, median of ``--repeat`` rounds):
 
@@ -88,7 +89,8 @@ def _on_floor(model):
     return model
 
 
-def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup: int) -> float:
+def _run_one(device: str, kind: str, step: bool, width: int, steps: int,
+             warmup: int) -> tuple[float, float, float]:
     import time
 
     import torch
@@ -115,9 +117,9 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup:
         model = torch.compile(model, **kw)
         if step:
             opt.step = torch.compile(opt.step, **kw)
-    ts = []
+    ts, cs, hs = [], [], []
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -125,7 +127,10 @@ def _run_one(device: str, kind: str, step: bool, width: int, steps: int, warmup:
         loss.item()
         if i >= warmup:
             ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+            cs.append(time.process_time() - c0)
+            hs.append(time.thread_time() - h0)
+    return (statistics.median(ts) * 1e3, statistics.median(cs) * 1e3,
+            statistics.median(hs) * 1e3)
 
 
 def _label(device, kind, step):
@@ -138,16 +143,22 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip", default="",
+                    help="comma-separated rows to leave out, e.g. 'cpu aot_eager'")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one is not None:  # a worker: one configuration, in this process
         device, kind, step = a.one.split(":")
-        print(_run_one(device, kind, step == "1", a.width, a.steps, a.warmup))
+        print(*_run_one(device, kind, step == "1", a.width, a.steps, a.warmup))
         return 0
-    res: dict = {c: [] for c in CONFIGS}
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    configs = [c for c in CONFIGS if _label(*c) not in skip and f"{c[0]} {c[1]}" not in skip]
+    res: dict = {c: [] for c in configs}
+    cpu: dict = {c: [] for c in configs}
+    thr: dict = {c: [] for c in configs}
     for r in range(a.repeat):
         # each round starts from the next configuration, so none always runs first
-        order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
+        order = configs[r % len(configs):] + configs[:r % len(configs)]
         for c in order:
             env_one = f"{c[0]}:{c[1]}:{int(c[2])}"
             out = subprocess.run(
@@ -156,11 +167,17 @@ def main(argv=None) -> int:
                 capture_output=True, text=True, timeout=600)
             if out.returncode != 0:
                 raise SystemExit(f"{_label(*c)} failed:\n{out.stderr[-2000:]}")
-            res[c].append(float(out.stdout.strip().splitlines()[-1]))
-    print(f"mlp_train step at width {a.width} (kernels ~free): median ms per step, "
+            wall, proc, thread = out.stdout.strip().splitlines()[-1].split()
+            res[c].append(float(wall))
+            cpu[c].append(float(proc))
+            thr[c].append(float(thread))
+    print(f"mlp_train step at width {a.width} (kernels ~free): median ms per step (wall; the "
+          f"process's CPU time, all threads; the CPU time of the thread running the step), "
           f"median of {a.repeat} rounds")
-    for c in CONFIGS:
+    for c in configs:
         print(f"  {_label(*c):24s} {statistics.median(res[c]):7.3f} ms   "
+              f"cpu {statistics.median(cpu[c]):7.3f} ms   "
+              f"thread {statistics.median(thr[c]):7.3f} ms   "
               f"(rounds: {', '.join(f'{v:.3f}' for v in res[c])})")
     return 0
 

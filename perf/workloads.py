@@ -211,17 +211,19 @@ class MLPTrain(Workload):
 
     name = "mlp_train"
     training = True
+    WIDTH, BATCH = 1024, 64  # (``perf.device --dry-run`` shrinks them)
 
     def __init__(self, device, mode, variant=None):
         super().__init__(device, mode, variant)
         torch.manual_seed(SEED)
+        w = self.WIDTH
         self.model = nn.Sequential(
-            nn.Linear(1024, 1024), nn.ReLU(),
-            nn.Linear(1024, 1024), nn.ReLU(),
-            nn.Linear(1024, 10),
+            nn.Linear(w, w), nn.ReLU(),
+            nn.Linear(w, w), nn.ReLU(),
+            nn.Linear(w, 10),
         ).to(device)
-        self.x = _rand(64, 1024).to(device)
-        self.y = torch.randint(0, 10, (64,)).to(device)
+        self.x = _rand(self.BATCH, w).to(device)
+        self.y = torch.randint(0, 10, (self.BATCH,)).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
 
     def step(self):
@@ -328,12 +330,12 @@ class GPTTrain(Workload):
 
     name = "gpt_train"
     training = True
-    VOCAB, SEQ, BATCH = 512, 128, 8
+    VOCAB, SEQ, BATCH, D = 512, 128, 8, 256  # (``perf.device --dry-run`` shrinks them)
 
     def __init__(self, device, mode, variant=None):
         super().__init__(device, mode, variant)
         torch.manual_seed(SEED)
-        self.model = GPT(vocab=self.VOCAB, seq=self.SEQ).to(device)
+        self.model = GPT(vocab=self.VOCAB, d=self.D, seq=self.SEQ).to(device)
         data = torch.randint(0, self.VOCAB, (self.BATCH, self.SEQ + 1))
         self.idx = data[:, :-1].contiguous().to(device)
         self.tgt = data[:, 1:].contiguous().to(device)

@@ -27,7 +27,8 @@ def aval_nbytes(shape, dtype) -> int:
 
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
-                 "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls")
+                 "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
+                 "direct")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -43,6 +44,8 @@ class Prog:
         # strict mode: the compiled executable and its memory analysis
         self.exe = None
         self.mem = None
+        # how strict calls ``exe`` (``_strict._direct``: remade when ``exe`` is rebound)
+        self.direct = None
         self.desc = desc
         self.op = op
         # its outputs read no input array's value (a factory: zeros_like, full, ...)

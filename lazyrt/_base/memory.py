@@ -3,17 +3,24 @@
 One choke point: every ``jax.Array`` lazyrt materializes for a ``tpu`` tensor
 goes through ``track``; a weak reference uncounts it when the last holder lets
 it go. For every computation (a strict op or a defer flush) the executor calls
-``record_execution`` with XLA's own memory analysis of the compiled executable;
-the HBM peak of that computation is
+``record_execution`` (or, for an unlogged strict op, ``note_peak``) with XLA's own
+memory analysis of the compiled executable; the HBM peak of that computation is
 
-    live bytes not passed into it + its own peak (arguments + outputs + temps - aliased)
+    live bytes before it + what it allocates beyond its arguments (outputs + temps - aliased)
 
-and the running maximum is the process peak. Strict and defer use the same
-accounting, so their peaks compare fairly.
+(its arguments are live arrays already, each buffer counted once however often it is
+passed: ``MemoryAnalysis.extra_bytes``), and the running maximum is the process peak.
+Strict and defer use the same accounting, so their peaks compare fairly.
+
+What is exact, and when: live bytes at every moment (``track`` on materialization, a
+weakref callback on release); the process peak whenever it is read (every computation
+is folded in as it runs: one addition and a compare per strict op); the per-computation
+log (defer flushes always, strict ops when ``LOG_STRICT`` is on).
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import weakref
@@ -32,9 +39,15 @@ class _Tracked(weakref.ref):
 
 
 _live: dict[int, _Tracked] = {}  # id(array) -> its _Tracked
-# NOTE: re-entrant: a weakref callback (``_release``) can run inside ``track`` on the same
-# thread when an allocation frees something. Taken by every update of the live bytes, so
-# threads dispatching ops at once keep the count exact.
+# NOTE: threads. The live-byte count is kept exact without a lock on the hot path: an entry of
+# ``_live`` is added (``track``: ``setdefault``) and removed (``_release``, ``untrack``,
+# ``_purge_deleted``: ``pop``) by single dict operations, only the one that added it adds its
+# bytes and only the one that removed it subtracts them; each counter update (``_state[k] +=
+# n``, ``-=``, a compare and a store) is a run of bytecodes with no call in it, which CPython
+# (3.11-3.13, with the GIL) never interleaves with another thread or with a weakref callback.
+# Taking a lock instead cost ~0.5 us per op (two lock round trips: track and release). Without
+# the GIL (a free-threaded build) every one of these functions runs under ``_LOCK``
+# (``_locked``, at the end of this block).
 _LOCK = threading.RLock()
 _state = {"live": 0, "peak": 0, "peak_where": "", "peak_index": -1, "live_peak": 0}
 # Counters already attributed to a logged execution (strict mode learns its
@@ -50,7 +63,8 @@ _T0 = time.perf_counter()
 
 def _observe(live: int) -> None:
     """``live`` bytes were resident at once: fold them into the peaks."""
-    _state["live_peak"] = max(_state["live_peak"], live)
+    if live > _state["live_peak"]:
+        _state["live_peak"] = live
     if live > _state["peak"]:
         _state["peak"] = live
         _state["peak_where"] = f"{LIVE_WHERE}, until {_source.user_line(3)}"
@@ -59,30 +73,54 @@ def _observe(live: int) -> None:
 
 def _release(ref: _Tracked) -> None:
     """The array of ``ref`` is garbage (its weakref callback)."""
-    with _LOCK:
-        if _live.get(ref.key) is ref:
-            del _live[ref.key]
-            live = _state["live"]
-            # NOTE: live bytes peak just before they drop; observing here (and at each
-            # computation and each read) rather than in ``track`` keeps a flush's outputs,
-            # tracked while its donated inputs are not yet uncounted, from double-counting.
-            if live > _state["peak"] or live > _state["live_peak"]:
-                _observe(live)
-            _state["live"] = live - ref.nbytes
+    # NOTE: the entry is this ref's unless ``untrack``/``_purge_deleted`` took it (then
+    # they uncounted it); no other array can have this id while this one is not freed.
+    if _live.pop(ref.key, None) is ref:
+        live = _state["live"]
+        # NOTE: live bytes peak just before they drop; observing here (and at each
+        # computation and each read) rather than in ``track`` keeps a flush's outputs,
+        # tracked while its donated inputs are not yet uncounted, from double-counting.
+        if live > _state["peak"] or live > _state["live_peak"]:
+            _observe(live)
+        _state["live"] -= ref.nbytes
 
 
 def _purge_deleted() -> int:
     """Uncount tracked arrays that XLA has deleted (donated inputs); returns their bytes."""
     freed = 0
-    with _LOCK:
-        for key, ref in list(_live.items()):
-            a = ref()
-            if a is not None and a.is_deleted():
-                # The weakref callback pops nothing later: the entry is gone.
-                del _live[key]
-                freed += ref.nbytes
-        _state["live"] -= freed
+    for key, ref in list(_live.items()):
+        a = ref()
+        if a is not None and a.is_deleted() and _live.pop(key, None) is ref:
+            # The weakref callback pops nothing later: the entry is gone.
+            freed += ref.nbytes
+    _state["live"] -= freed
     return freed
+
+
+def track_outputs(arrays, nbytes) -> None:
+    """Count the fresh outputs of a computation (``nbytes``: their sizes, known from the
+    program), as ``track`` does each."""
+    for a, nb in zip(arrays, nbytes):
+        ref = _Tracked(a, _release)
+        ref.key = key = id(a)
+        ref.nbytes = nb
+        if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
+            _state["live"] += nb
+
+
+def count_run(arrays, nbytes, live_before: int, extra_bytes: int, where: str) -> None:
+    """An unlogged computation (a strict op) ran: count its fresh outputs (as
+    ``track_outputs``) and fold its peak (``computation_peak``) into the process peak."""
+    for a, nb in zip(arrays, nbytes):
+        ref = _Tracked(a, _release)
+        ref.key = key = id(a)
+        ref.nbytes = nb
+        if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
+            _state["live"] += nb
+    peak = live_before + extra_bytes
+    if peak > _state["peak"]:
+        _state["peak"] = peak
+        _state["peak_where"] = where
 
 
 def track(arr, nbytes: int | None = None) -> None:
@@ -99,9 +137,38 @@ def track(arr, nbytes: int | None = None) -> None:
         return
     ref.key = key
     ref.nbytes = nbytes
-    with _LOCK:
-        _live[key] = ref
+    if _live.setdefault(key, ref) is ref:
         _state["live"] += nbytes
+
+
+def untrack(arrays) -> int:
+    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
+    freed = 0
+    for a in arrays:
+        key = id(a)
+        e = _live.get(key)
+        if e is not None and _live.pop(key, None) is e:
+            freed += e.nbytes
+    _state["live"] -= freed
+    _state["untracked"] = True
+    return freed
+
+
+def _locked(f):
+    def locked(*args):
+        with _LOCK:
+            return f(*args)
+    locked.__doc__ = f.__doc__
+    return locked
+
+
+if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    _release = _locked(_release)
+    _purge_deleted = _locked(_purge_deleted)
+    track_outputs = _locked(track_outputs)
+    count_run = _locked(count_run)
+    track = _locked(track)
+    untrack = _locked(untrack)
 
 
 def live_bytes() -> int:
@@ -121,34 +188,6 @@ def live_arrays() -> list:
     return out
 
 
-def untrack(arrays) -> int:
-    """Uncount ``arrays`` now (donated inputs an executable consumed); returns the bytes."""
-    freed = 0
-    with _LOCK:
-        for a in arrays:
-            e = _live.pop(id(a), None)
-            if e is not None:
-                freed += e.nbytes
-        _state["live"] -= freed
-        _state["untracked"] = True
-    return freed
-
-
-def bytes_of(arrays) -> int:
-    """Bytes of the distinct tracked arrays among ``arrays``."""
-    seen = set()
-    total = 0
-    for a in arrays:
-        k = id(a)
-        if k in seen:
-            continue
-        seen.add(k)
-        e = _live.get(k)
-        if e is not None:
-            total += e.nbytes
-    return total
-
-
 @dataclasses.dataclass
 class MemoryAnalysis:
     argument_bytes: int
@@ -157,6 +196,11 @@ class MemoryAnalysis:
     alias_bytes: int
     peak_bytes: int
     generated_code_bytes: int = 0
+    # what running it allocates beyond its arguments (which are live already)
+    extra_bytes: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.extra_bytes = max(self.peak_bytes - self.argument_bytes, 0)
 
     @classmethod
     def of(cls, compiled) -> MemoryAnalysis:
@@ -207,17 +251,16 @@ class FlushRecord:
 _log_index = [0]  # index of the next logged execution (FlushRecord.index)
 
 
-def computation_peak(live_before: int, passed_bytes: int, analysis: MemoryAnalysis) -> int:
-    """THE peak rule of one computation: live bytes not passed into it + its own peak."""
-    return max(live_before - passed_bytes, 0) + analysis.peak_bytes
+def computation_peak(live_before: int, analysis: MemoryAnalysis) -> int:
+    """THE peak rule of one computation: the live bytes before it (its arguments among
+    them) + what it allocates beyond its arguments."""
+    return live_before + analysis.extra_bytes
 
 
-def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: str) -> None:
-    """Fold one unlogged computation (a strict op on the hot path, run on ``arrays``) into
-    the process peak."""
-    if live_before + analysis.peak_bytes <= _state["peak"]:
-        return  # an upper bound of its peak: the bytes passed in need not be counted
-    peak = computation_peak(live_before, bytes_of(arrays), analysis)
+def note_peak(peak: int, where: str) -> None:
+    """An unlogged computation (a strict op) peaked at ``peak`` bytes (``computation_peak``),
+    more than the process peak so far: it is the new peak. The caller compares first (an
+    addition and a compare on every strict op)."""
     if peak > _state["peak"]:
         _state["peak"] = peak
         _state["peak_where"] = where
@@ -225,7 +268,7 @@ def note_computation(live_before: int, arrays, analysis: MemoryAnalysis, where: 
 
 def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cache_hit: bool,
                      compile_seconds: float, execute_seconds: float, analysis: MemoryAnalysis,
-                     live_before: int, passed_bytes: int, source: str = "",
+                     live_before: int, source: str = "",
                      largest: list | None = None, log: bool = True, t_start: float = 0.0) -> int:
     """Account one computation; returns its HBM peak in bytes.
 
@@ -240,13 +283,13 @@ def record_execution(*, mode: str, name: str, trace_hash: str, num_ops: int, cac
         # on the arrays it donated (before this call) skips it.
         _purge_deleted()
     _state.pop("untracked", None)
-    peak = computation_peak(live_before, passed_bytes, analysis)
+    peak = computation_peak(live_before, analysis)
     idx = _log_index[0]
     _log_index[0] = idx + 1
     if log and not source:
         source = _source.user_line(2)
     st = _state
-    # NOTE: an unlogged computation (``note_computation``) names itself ("where" = its op
+    # NOTE: an unlogged computation (``note_peak``) names itself ("where" = its op
     # name); a tie with it takes this call's source line.
     where = st["peak_where"]
     if peak > st["peak"] or (peak == st["peak"] and (where in (name, "")

@@ -1,8 +1,9 @@
 """DeferAndFuse: record Progs into a pending trace; flush it as ONE computation.
 
-Recording appends a node and folds its structural key (prog uid, input wiring,
-leaf avals) into a running hash, so finding a flush's executable costs O(1) per op
-and never looks at data. Device-data leaves are keyed by shape and dtype only;
+Recording appends a node (its prog and input wiring) and, for a new input, its leaf
+aval; nothing else. A flush hashes the trace's structure (the progs, the input wiring,
+the leaf avals: C-level tuple hashes, ~5 us for 200 ops) and never looks at data.
+Device-data leaves are keyed by shape and dtype only;
 Python float scalars and RNG seeds are runtime inputs (one float64 vector), so
 a changing learning rate or a fresh random draw compiles nothing new. A cache hit
 is then checked against the trace itself (the same progs, input wiring and leaf
@@ -54,7 +55,7 @@ from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
 from . import xla as _xla
-from .trace import _MASK, _SHIFT, Trace, explain, graph_text  # noqa: F401  (re-exported)
+from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
 
 LOCK = threading.RLock()
 _owned = LOCK._is_owned
@@ -121,7 +122,6 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
         _cut(tr)
         tr = _trace
     refs = []
-    h = tr.h
     for v in inputs:
         if type(v) is Pending:
             if v.trace is tr:
@@ -138,16 +138,12 @@ def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
             li = len(tr.leaves)
             tr.leaf_index[k] = li
             tr.leaves.append(v)
-            aval = (v.shape, v.dtype, v.sharding) if KEY_SHARDING else (v.shape, v.dtype)
-            tr.leaf_avals.append(aval)
-            h = hash((h, -1, aval))
+            tr.leaf_avals.append((v.shape, v.dtype, v.sharding) if KEY_SHARDING
+                                 else (v.shape, v.dtype))
         refs.append(-li - 1)
-    refs = tuple(refs)
     n = len(tr.nodes)
     tr.nodes.append(prog)
-    tr.refs.append(refs)
-    tr.prev_h = h
-    tr.h = hash((h, prog.uid, refs))
+    tr.refs.append(tuple(refs))
     if scalars:
         tr.scalars.extend(scalars)
     if config.record_source or config.explain_recompile:
@@ -166,16 +162,14 @@ def forget_last(p: Pending) -> None:
     ``LOCK``."""
     tr = _trace
     n = len(tr.nodes) - 1
-    if (p.trace is not tr or p.node != n or tr.prev_h is None or tr.refs[n]
-            or not tr.nodes[n].const or tr.nodes[n].scalar_kinds
+    if (p.trace is not tr or p.node != n or tr.refs[n] or not tr.nodes[n].const
+            or tr.nodes[n].scalar_kinds
             or sys.getrefcount(p) > 3):  # the caller's name, the argument, getrefcount's
         return
     tr.nodes.pop()
     tr.refs.pop()
     if len(tr.srcs) > n:
         tr.srcs.pop()
-    tr.h = tr.prev_h
-    tr.prev_h = None  # one step back only: the hash before this node is not kept
     COUNTERS["ops_recorded"] -= 1
 
 
@@ -327,7 +321,10 @@ def _explain(tr: Trace, src: str) -> None:
     print(explain(tr, src, cached), file=sys.stderr)
 
 
-def _hash_hex(key) -> str:
+def _hash_hex(tr: Trace, out_refs, donate_mask) -> str:
+    """The log's name of a compiled flush (``FlushRecord.trace_hash``): the same in every
+    process that records the same ops in the same order. Made once per executable."""
+    key = (tuple(p.uid for p in tr.nodes), tr.refs, tr.leaf_avals, out_refs, donate_mask)
     return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
 
 
@@ -365,7 +362,10 @@ def _donation_mask(tr: Trace) -> tuple:
     # but the trace still references the array (refcount: the leaves list, the loop
     # variable and getrefcount's argument).
     ow = tr.overwritten
-    return tuple(id(a) in ow and sys.getrefcount(a) <= 3 for a in tr.leaves)
+    if not ow:
+        return (False,) * len(tr.leaves)
+    getrefcount = sys.getrefcount
+    return tuple([id(a) in ow and getrefcount(a) <= 3 for a in tr.leaves])
 
 
 def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool = False) -> None:
@@ -387,7 +387,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         outs, out_refs = _live_outputs(tr)
         leaves = tr.leaves
         donate_mask = _donation_mask(tr)
-        key = (tr.h, len(tr.nodes), out_refs, donate_mask)
+        key = (structure_hash(tr), out_refs, donate_mask)
         scal = np.asarray(tr.scalars, dtype=np.float64)
         exe = _exes.lookup(key, tr, scal)
         hit = exe is not None
@@ -407,7 +407,8 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                     fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
                     else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
                 out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
-                exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots)
+                exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,
+                                trace_hash=_hash_hex(tr, out_refs, donate_mask))
                 _exes.insert(key, exe)
                 if upgrade is not None:
                     upgrade.arm(exe.install_from(compiled))
@@ -416,12 +417,12 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                 exe.hits += 1
                 COUNTERS["cache_hits"] += 1
             live_before = memory._state["live"]
-            passed = memory.bytes_of(leaves)
             t0 = time.perf_counter()
             # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
             # there), never at a call: no warning filter here (~0.2 ms a flush).
             with _X64(True):
-                results = exe.compiled(donated, kept, exe.scalar_input(scal))
+                results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
+                    donated, kept, exe.scalar_input(scal))
             exec_s = time.perf_counter() - t0
             if donated:
                 memory.untrack(donated)
@@ -439,9 +440,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
                 f"{src}: {type(e).__name__}: {e}{where}\nThe pending tensors are intact."
             ) from e
         # Materialize: from here on nothing may fail.
-        track = memory.track
-        for r, nb in zip(results, exe.out_nbytes):
-            track(r, nb)
+        memory.track_outputs(results, exe.out_nbytes)
         del donated, kept
         if tr is _trace:
             _trace = Trace()
@@ -458,11 +457,9 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
             COUNTERS["max_trace_ops"] = n_ops
         _history["flushes"] += 1
         memory.record_execution(
-            mode="defer", name=reason, trace_hash=_hash_hex(key), num_ops=n_ops, cache_hit=hit,
+            mode="defer", name=reason, trace_hash=exe.trace_hash, num_ops=n_ops, cache_hit=hit,
             compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
-            live_before=live_before, passed_bytes=passed, source=src,
-            largest=[dict(d) for d in exe.largest],
-            t_start=t_start)
+            live_before=live_before, source=src, largest=exe.largest, t_start=t_start)
         if config.mode == "debug":
             for r in results:
                 r.block_until_ready()

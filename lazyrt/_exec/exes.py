@@ -3,28 +3,34 @@ hash, each checked against the trace itself before it runs (``Exe.matches``) and
 the scalar layout it was compiled for (``Exe.fits``)."""
 from __future__ import annotations
 
+import collections
+
 import numpy as np
-from cachetools import LRUCache
 
 from .._base.config import config
 from .._base.ir import aval_nbytes
 from .._base.metrics import COUNTERS
 from .trace import Trace, describe
 
-_cache: LRUCache = LRUCache(maxsize=config.cache_size)
+# key -> [Exe, ...] (executables whose traces' keys collide), least recently used first
+_cache: collections.OrderedDict = collections.OrderedDict()
 
 
 class Exe:
     """A compiled flush, with the trace structure it was compiled for."""
 
     __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
-                 "refs", "leaf_avals", "sc_first", "sc_slots")
+                 "refs", "leaf_avals", "sc_first", "sc_slots", "sc_gather", "trace_hash")
 
-    def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None):
+    def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None,
+                 trace_hash: str = ""):
         self.compiled = compiled
         # the scalar layout compiled for (``scalar_layout``; None: one slot per scalar)
         self.sc_first = sc_first
         self.sc_slots = sc_slots
+        # per scalar, the position of the first scalar of its slot (``fits``)
+        self.sc_gather = None if sc_slots is None else np.asarray(sc_first)[sc_slots]
+        self.trace_hash = trace_hash
         self.mem = mem
         self.desc = describe(tr)
         self.src = src
@@ -33,7 +39,8 @@ class Exe:
         self.refs = list(tr.refs)
         self.leaf_avals = list(tr.leaf_avals)
         # Per-output bytes and the five largest outputs: the same on every run, so worked
-        # out once here rather than from the result arrays on each flush.
+        # out once here rather than from the result arrays on each flush (every flush's
+        # log record shares ``largest``: read-only).
         sizes = [(aval_nbytes(s, d), tuple(s), str(np.dtype(d))) for s, d in out_avals]
         self.out_nbytes = tuple(b for b, _, _ in sizes)
         self.largest = [{"bytes": b, "shape": list(s), "dtype": d}
@@ -58,10 +65,11 @@ class Exe:
 
     def fits(self, scal: np.ndarray) -> bool:
         """Whether the scalars that shared a slot at compile time still hold one value."""
-        slots = self.sc_slots
-        if slots is None:
+        g = self.sc_gather
+        if g is None:
             return True
-        return np.array_equal(scal[self.sc_first][slots].view(np.int64), scal.view(np.int64))
+        bits = scal.view(np.int64)
+        return bool((bits[g] == bits).all())
 
     def scalar_input(self, scal: np.ndarray) -> np.ndarray:
         """The program's scalar vector: one value per slot."""
@@ -87,6 +95,7 @@ def lookup(key, tr: Trace, scal: np.ndarray) -> Exe | None:
     bucket = _cache.get(key)
     if bucket is None:
         return None
+    _cache.move_to_end(key)
     found = False
     for exe in bucket:
         if exe.matches(tr):
@@ -102,6 +111,8 @@ def insert(key, exe: Exe) -> None:
     bucket = _cache.get(key)
     if bucket is None:
         _cache[key] = [exe]
+        while len(_cache) > config.cache_size:
+            _cache.popitem(last=False)
     else:
         bucket.append(exe)
 
@@ -111,7 +122,7 @@ def count() -> int:
 
 
 def recent(n: int) -> list:
-    """The executables of the ``n`` most recently inserted keys."""
+    """The executables of the ``n`` most recently used keys."""
     return [exe for bucket in list(_cache.values())[-n:] for exe in bucket]
 
 
@@ -120,7 +131,7 @@ def all_exes() -> list:
 
 
 def cache_info() -> dict:
-    return {"entries": count(), "maxsize": _cache.maxsize}
+    return {"entries": count(), "maxsize": config.cache_size}
 
 
 def clear() -> None:

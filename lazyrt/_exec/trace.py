@@ -15,14 +15,12 @@ _MASK = (1 << _SHIFT) - 1
 
 
 class Trace:
-    __slots__ = ("nodes", "refs", "h", "leaves", "leaf_index", "leaf_avals", "scalars",
-                 "storages", "overwritten", "done", "srcs", "cuttable", "prev_h", "__weakref__")
+    __slots__ = ("nodes", "refs", "leaves", "leaf_index", "leaf_avals", "scalars",
+                 "storages", "overwritten", "done", "srcs", "cuttable", "__weakref__")
 
     def __init__(self):
         self.nodes: list[Prog] = []  # Prog per node
         self.refs: list[tuple] = []  # input refs per node (tuple of ints)
-        self.h = 0  # running structural hash
-        self.prev_h = None  # the hash before the last node (``_defer.forget_last``)
         self.leaves: list = []  # materialized inputs (jax arrays)
         self.leaf_index: dict = {}  # id(array) -> leaf number
         self.leaf_avals: list = []  # (shape, dtype) per leaf: part of the verified key
@@ -33,6 +31,13 @@ class Trace:
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
         self.cuttable = True  # False once a fusion-window cut of it failed
+
+
+def structure_hash(tr: Trace) -> int:
+    """The hash of ``tr``'s structure: its progs (by identity: a cached executable keeps
+    its progs alive, so no other prog can take their ids), its input wiring and its leaf
+    avals. Computed at the flush, in C (tuple hashes)."""
+    return hash((tuple(tr.nodes), tuple(tr.refs), tuple(tr.leaf_avals)))
 
 
 def _ref_text(tr: Trace, r: int) -> str:

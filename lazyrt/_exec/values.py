@@ -43,8 +43,11 @@ def run(prog: Prog, inputs: list, scalars: list) -> list:
         if not prog.const or not _defer.eager_const(inputs):
             return _defer.record(prog, inputs, scalars)
         return _strict.run(prog, inputs, scalars)
-    return _strict.run(prog, [_defer.materialize(v) if type(v) is Pending else v
-                              for v in inputs], scalars)
+    for v in inputs:
+        if type(v) is Pending:  # recorded in defer mode before a switch to strict
+            inputs = [_defer.materialize(v) if type(v) is Pending else v for v in inputs]
+            break
+    return _strict.run(prog, inputs, scalars)
 
 
 def _cached(t: TpuTensor):

@@ -25,14 +25,14 @@ from .._exec.values import to_cpu
 from .args import TracingArgument
 from .backward_hold import hold
 from .fallback import compare_with_cpu
-from .resolve import ENTRIES, resolve
+from .resolve import BY_ID, resolve
 
 _current_autograd_node = torch._C._current_autograd_node
 
 
 def _torch_dispatch(cls, func: OpOverload, types, args: tuple = (), kwargs: dict | None = None):
     COUNTERS["ops_dispatched"] += 1
-    e = ENTRIES.get(func)
+    e = BY_ID.get(id(func))
     if e is None:
         e = resolve(func)
     if kwargs is None:

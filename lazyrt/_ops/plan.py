@@ -23,7 +23,7 @@ from .._base import dtypes as _dtypes
 from .._base import rng as _rng
 from .._base.config import config
 from .._base.ir import Prog
-from .._base.tensor import contiguous_spec
+from .._base.tensor import TpuTensor, contiguous_spec
 from .args import (
     GSLOT,
     RuntimeInt,
@@ -340,11 +340,18 @@ def plan_for(e, args, kwargs):
     vals: list = []
     scal: list = []
     dyn = not e.static_floats
+    # NOTE: ``walk`` inlined for tensor arguments (most of them): no call per argument.
+    key = []
+    for a in args:
+        if type(a) is TpuTensor:
+            vals.append(a._st.value)
+            ch = a._chain
+            key.append(a._spec if ch is None else (a._spec, ch))
+        else:
+            key.append(walk(e, a, vals, scal, dyn))
+    key = tuple(key)
     if kwargs:
-        key = (tuple([walk(e, a, vals, scal, dyn) for a in args]),
-               tuple([(k, walk(e, v, vals, scal, dyn)) for k, v in kwargs.items()]))
-    else:
-        key = tuple([walk(e, a, vals, scal, dyn) for a in args])
+        key = (key, tuple([(k, walk(e, v, vals, scal, dyn)) for k, v in kwargs.items()]))
     plan = e.plans.get(key)
     if plan is None:
         plan = make_plan(e, args, kwargs, vals, scal)
