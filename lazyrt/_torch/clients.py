@@ -30,7 +30,8 @@ transformers 5.24, continuous batching (``model.generate_batch``, ``transformers
   (the allocator's own index write) and the attention function runs
   ``torch.ops.lazyrt.paged_attention`` over the page views (``kernels_pallas``' ragged paged
   kernel where Pallas is on, else its pure-JAX reference). Prefill steps run transformers'
-  own attention. Off: ``ContinuousBatchingConfig(max_blocks_per_request=0)``.
+  own attention. Off: ``ContinuousBatchingConfig(max_blocks_per_request=0)``. Counter:
+  ``paged_attention_calls`` (one per attention layer call).
 
 transformers 5.24, ``Trainer``:
 
@@ -49,6 +50,7 @@ import warnings
 import torch
 
 from .._base import rng as _rng
+from .._base.metrics import COUNTERS
 from .._ops.control import sync
 from . import tpu_module as _tpu_module
 
@@ -221,6 +223,7 @@ def _paged_attention_forward(orig):
         n = block_table.shape[0]
         kv_lens = cu_k[1:n + 1] - cu_k[:n]  # the context including the new token
         q = query[0].transpose(0, 1)  # [T, Hq, D]
+        COUNTERS["paged_attention_calls"] += 1
         out = torch.ops.lazyrt.paged_attention(q, kwargs["k_cache"], kwargs["v_cache"],
                                                block_table.to(torch.int32), cu_q[:n + 1],
                                                kv_lens, scale=scaling)
