@@ -14,7 +14,7 @@ import lazyrt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("transformers")
-from test_clients import PROMPTS, _generate_batch, _slow, _tiny_llama  # noqa: E402
+from test_clients import PROMPTS, _generate_batch, _slow, _tiny_llama
 
 C = lazyrt.metrics.COUNTERS
 
