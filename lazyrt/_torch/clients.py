@@ -268,7 +268,13 @@ def _patch_cb_paged_attention(cb) -> None:
         if not (getattr(_local, "tpu_cb", False) and config._attn_implementation in _PAGED_IMPLS
                 and all(allocators[t].supports_block_table for t in attn_types(config))):
             return orig_ensure(config, cb_config, user_requested)
-        return None  # keeps max_blocks_per_request (0 turns the path off)
+        # NOTE: transformers sizes the block table from each call's workload (longest prompt
+        # + max_new_tokens); a power of two (at least 4) keeps its shape, and so the decode
+        # programs, the same across calls of other lengths. 0 turns the path off.
+        mb = cb_config.max_blocks_per_request
+        if mb > 0:
+            cb_config.max_blocks_per_request = max(4, 1 << (mb - 1).bit_length())
+        return None
 
     def update(self, key_states, value_states, layer_idx, kwargs):
         out = orig_update(self, key_states, value_states, layer_idx, kwargs)
