@@ -305,8 +305,8 @@ def _patch_cb_paged_attention(cb) -> None:
 
 
 # Every patch of continuous batching (``generate_batch``) on tpu, in the order applied; each
-# takes the ``continuous_batching`` package with its submodules loaded. A later one (e.g. a
-# paged-attention kernel for tpu) is added here, after those it builds on.
+# takes the ``continuous_batching`` package with its submodules loaded. A new one is added
+# here, after those it builds on.
 CB_PATCHES = [_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding,
               _patch_cb_paged_attention]
 
