@@ -4,6 +4,7 @@ Reported, never asserted.
 
     python -m perf.serving [--modes strict,defer] [--requests 16] [--new 32] [--calls 3]
                            [--layers 2] [--hidden 64] [--threads N] [--profile]
+                           [--attention lazyrt,transformers]
 
 A Llama-like model built from a config (random init, no hub); ``--requests`` prompts of
 different lengths (3 to 24 tokens), greedy decoding of ``--new`` tokens each, one
@@ -14,6 +15,10 @@ against CPU's tokens. Per call: seconds, generated tokens per second, programs c
 compiles. Every run of the batch pads to the same
 sizes, so later calls compile nothing. ``--profile`` adds one uncounted call per tpu mode
 and prints a cProfile of its generation thread (where ``generate_batch`` runs the model).
+``--attention``: ``lazyrt`` runs the decode steps' attention as
+``torch.ops.lazyrt.paged_attention`` over the cache's block table (``cb_paged_attention``,
+the default on tpu); ``transformers`` turns that path off (``max_blocks_per_request=0``),
+so every step runs transformers' own attention over the gathered, padded keys.
 """
 from __future__ import annotations
 
@@ -66,13 +71,15 @@ def _profiled(run):
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
-def _run(model, prompts, new: int, blocks: int, profile: bool = False):
+def _run(model, prompts, new: int, blocks: int, profile: bool = False,
+         max_blocks: int | None = None):
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
 
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=255,
                           pad_token_id=0)
-    cb = ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=256, page_size=16)
+    cb = ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=256, page_size=16,
+                                  max_blocks_per_request=max_blocks)
     # NOTE: generate_batch runs gc.collect() twice; over this process's heap (torch, JAX,
     # transformers) that took 2.6 s, 4x CPU's whole generation. Frozen objects are not
     # scanned, so the call is timed as in a lean serving process, for CPU and tpu alike.
@@ -100,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: as is)")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the generation thread of one more call per tpu mode")
+    ap.add_argument("--attention", default="lazyrt,transformers",
+                    help="tpu decode attention: lazyrt (paged_attention op), transformers")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -126,23 +135,26 @@ def main(argv=None) -> int:
 
     model.to("tpu")
     rows = [("cpu eager", cpu_times, [0] * len(cpu_times))]
-    for mode in a.modes.split(","):
+    for mode, attn in [(m, t) for m in a.modes.split(",") for t in a.attention.split(",")]:
         lazyrt.set_mode(mode)
+        max_blocks = 0 if attn == "transformers" else None
         times, compiles = [], []
         for call in range(a.calls):
             lazyrt.metrics.reset()
-            got, dt = _run(model, prompts, a.new, blocks)
+            got, dt = _run(model, prompts, a.new, blocks, max_blocks=max_blocks)
             c = lazyrt.metrics.counters()
             times.append(dt)
             compiles.append(c["cache_misses"])
-            print(f"tpu {mode} call {call + 1}: tokens match CPU: {got == ref}, {dt:.2f} s, "
-                  f"{sum(map(len, got)) / dt:.0f} tokens/s, compiles {c['cache_misses']}, "
-                  f"compiled graphs {c['compiled_graphs']}", flush=True)
+            print(f"tpu {mode} {attn} attention call {call + 1}: tokens match CPU: "
+                  f"{got == ref}, {dt:.2f} s, {sum(map(len, got)) / dt:.0f} tokens/s, "
+                  f"compiles {c['cache_misses']}, paged_attention calls "
+                  f"{c['paged_attention_calls']}, compiled graphs {c['compiled_graphs']}",
+                  flush=True)
         if a.profile:  # one more call, not counted (cProfile slows it)
             print(f"tpu {mode}, one more call under cProfile, its generation thread:")
-            _run(model, prompts, a.new, blocks, profile=True)
+            _run(model, prompts, a.new, blocks, profile=True, max_blocks=max_blocks)
         lazyrt.sync()
-        rows.append((f"tpu {mode}", times, compiles))
+        rows.append((f"tpu {mode}, {attn} attention", times, compiles))
     print("\n| mode | call 1 s | warm s (median) | warm tokens/s | compiles call 1 / later |")
     print("| --- | --- | --- | --- | --- |")
     for name, times, compiles in rows:

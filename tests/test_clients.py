@@ -371,7 +371,7 @@ def test_client_patches_apply_whatever_is_imported_first(first):
                "import lazyrt, transformers.generation.continuous_batching.continuous_api\n"
                "from lazyrt._torch import clients\n"
                "print(sorted(n for n in clients.applied if n.startswith('cb_')))")
-    assert out == "['cb_host_inputs', 'cb_memory', 'cb_padding']"
+    assert out == "['cb_host_inputs', 'cb_memory', 'cb_padding', 'cb_paged_attention']"
 
 
 def test_client_patches_are_applied():
@@ -382,9 +382,10 @@ def test_client_patches_are_applied():
     from lazyrt._torch import clients
 
     assert sorted(n for n in clients.applied if n.startswith("cb_")) == [
-        "cb_host_inputs", "cb_memory", "cb_padding"]
+        "cb_host_inputs", "cb_memory", "cb_padding", "cb_paged_attention"]
     assert [p.__name__ for p in clients.CB_PATCHES] == [
-        "_patch_cb_memory", "_patch_cb_host_inputs", "_patch_cb_padding"]
+        "_patch_cb_memory", "_patch_cb_host_inputs", "_patch_cb_padding",
+        "_patch_cb_paged_attention"]
 
 
 @pytest.fixture

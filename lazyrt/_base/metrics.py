@@ -35,6 +35,7 @@ _ZERO = {
     "pallas_attention_calls": 0,
     "pallas_matmul_calls": 0,
     "pallas_fallbacks": 0,
+    "paged_attention_calls": 0,  # transformers' attention layer calls run by lazyrt::paged_attention
     "lean_eqns_removed": 0,
     "lean_fallbacks": 0,
     # the persistent compile cache (``_exec.diskcache``): programs loaded instead of

@@ -23,6 +23,15 @@ transformers 5.24, continuous batching (``model.generate_batch``, ``transformers
   or torch.compile; on tpu they always are, to powers of two (at least 8 query and 64 key
   tokens), so a run compiles one program per padded (query, key) size, not one per step.
   The warmup, which captures CUDA graphs at the largest sizes, is skipped on tpu.
+* ``cb_paged_attention``: the decode fast path (every request one new token: attention
+  through the cache's block table, no gather of the whole context) is only enabled for
+  flash-attn on cuda/xpu. For a tpu model with ``sdpa`` or ``paged|eager`` attention it is
+  enabled too: ``PagedAttentionCache.update`` writes the new keys/values at their slots
+  (the allocator's own index write) and the attention function runs
+  ``torch.ops.lazyrt.paged_attention`` over the page views (``kernels_pallas``' ragged paged
+  kernel where Pallas is on, else its pure-JAX reference). Prefill steps run transformers'
+  own attention. Off: ``ContinuousBatchingConfig(max_blocks_per_request=0)``. Counter:
+  ``paged_attention_calls`` (one per attention layer call).
 
 transformers 5.24, ``Trainer``:
 
@@ -41,6 +50,7 @@ import warnings
 import torch
 
 from .._base import rng as _rng
+from .._base.metrics import COUNTERS
 from .._ops.control import sync
 from . import tpu_module as _tpu_module
 
@@ -197,10 +207,108 @@ def _patch_cb_padding(cb) -> None:
     applied["cb_padding"] = "model_runner.ModelRunner.__init__, maybe_pad_inputs, warmup"
 
 
+_PAGED_IMPLS = ("sdpa", "paged|eager")  # attention that gets the block-table path on tpu
+
+
+def _paged_attention_forward(orig):
+    """An attention function: the decode fast path's block-table call on tpu runs
+    ``torch.ops.lazyrt.paged_attention``; anything else runs ``orig``."""
+
+    def attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        block_table = kwargs.get("block_table")
+        if block_table is None or query.device.type != "tpu" or kwargs.get("k_cache") is None:
+            return orig(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        cu_q = kwargs["cu_seq_lens_q"].to(torch.int32)
+        cu_k = kwargs["cu_seq_lens_k"].to(torch.int32)
+        n = block_table.shape[0]
+        kv_lens = cu_k[1:n + 1] - cu_k[:n]  # the context including the new token
+        q = query[0].transpose(0, 1)  # [T, Hq, D]
+        COUNTERS["paged_attention_calls"] += 1
+        out = torch.ops.lazyrt.paged_attention(q, kwargs["k_cache"], kwargs["v_cache"],
+                                               block_table.to(torch.int32), cu_q[:n + 1],
+                                               kv_lens, scale=scaling)
+        return out.unsqueeze(0), None  # [1, T, Hq, D], as transformers' attention returns
+
+    attention.__wrapped__ = orig
+    return attention
+
+
+def _decode_write_slots(block_table, cu_seq_lens_k, page_size: int, num_tokens: int, trash: int):
+    """The cache slot of each decode token (sequence ``i``'s one new token is token ``i``,
+    at position ``kv_len - 1``); padding tokens and sequences go to transformers' trash slot."""
+    n = block_table.shape[0]
+    pos = (cu_seq_lens_k[1:n + 1] - cu_seq_lens_k[:n]).long() - 1
+    valid = pos >= 0
+    pos = pos.clamp(min=0)
+    page = block_table.long().gather(1, (pos // page_size).unsqueeze(1)).squeeze(1)
+    slots = torch.where(valid, page * page_size + pos % page_size, trash)
+    if num_tokens > n:
+        slots = torch.cat([slots, slots.new_full((num_tokens - n,), trash)])
+    return slots
+
+
+def _patch_cb_paged_attention(cb) -> None:
+    init, cache_mod = cb.initialization, cb.cache
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    orig_resolve = init.resolve_continuous_batching_config
+    orig_ensure = init.ensure_decode_fast_path_is_available
+    orig_update = cache_mod.PagedAttentionCache.update
+    attn_types, allocators = init.group_layers_by_attn_type, init.ATTN_TYPE_TO_ALLOCATOR
+
+    def resolve_continuous_batching_config(config, cb_config, *args, device=None, **kwargs):
+        prev = getattr(_local, "tpu_cb", False)
+        _local.tpu_cb = _is_tpu(device)
+        try:
+            return orig_resolve(config, cb_config, *args, device=device, **kwargs)
+        finally:
+            _local.tpu_cb = prev
+
+    def ensure_decode_fast_path_is_available(config, cb_config, user_requested):
+        if not (getattr(_local, "tpu_cb", False) and config._attn_implementation in _PAGED_IMPLS
+                and all(allocators[t].supports_block_table for t in attn_types(config))):
+            return orig_ensure(config, cb_config, user_requested)
+        # NOTE: transformers sizes the block table from each call's workload (longest prompt
+        # + max_new_tokens); a power of two (at least 4) keeps its shape, and so the decode
+        # programs, the same across calls of other lengths. 0 turns the path off.
+        mb = cb_config.max_blocks_per_request
+        if mb > 0:
+            cb_config.max_blocks_per_request = max(4, 1 << (mb - 1).bit_length())
+        return None
+
+    def update(self, key_states, value_states, layer_idx, kwargs):
+        out = orig_update(self, key_states, value_states, layer_idx, kwargs)
+        block_table = kwargs.get("block_table")
+        if block_table is not None and key_states.device.type == "tpu":
+            # NOTE: flash_attn_with_kvcache writes the new keys/values itself; here the
+            # allocator's own index write puts them at their slots before the attention.
+            allocator = self.layer_to_allocator[layer_idx]
+            slots = _decode_write_slots(block_table, kwargs["cu_seq_lens_k"],
+                                        kwargs["k_cache"].shape[1], key_states.shape[2],
+                                        allocator.write_trash_index)
+            k, v = (x.squeeze(0).transpose(0, 1) for x in (key_states, value_states))
+            allocator.update(k, v, layer_idx, slots[:0], slots)
+        return out
+
+    for name in _PAGED_IMPLS:
+        ALL_ATTENTION_FUNCTIONS[name] = _paged_attention_forward(ALL_ATTENTION_FUNCTIONS[name])
+    for fn, orig in ((resolve_continuous_batching_config, orig_resolve),
+                     (ensure_decode_fast_path_is_available, orig_ensure)):
+        fn.__wrapped__ = orig
+        setattr(init, fn.__name__, fn)
+    cb.continuous_api.resolve_continuous_batching_config = resolve_continuous_batching_config
+    update.__wrapped__ = orig_update
+    cache_mod.PagedAttentionCache.update = update
+    applied["cb_paged_attention"] = ("initialization.resolve_continuous_batching_config, "
+                                     "ensure_decode_fast_path_is_available, "
+                                     "PagedAttentionCache.update, attention 'sdpa'/'paged|eager'")
+
+
 # Every patch of continuous batching (``generate_batch``) on tpu, in the order applied; each
-# takes the ``continuous_batching`` package with its submodules loaded. A later one (e.g. a
-# paged-attention kernel for tpu) is added here, after those it builds on.
-CB_PATCHES = [_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding]
+# takes the ``continuous_batching`` package with its submodules loaded. A new one is added
+# here, after those it builds on.
+CB_PATCHES = [_patch_cb_memory, _patch_cb_host_inputs, _patch_cb_padding,
+              _patch_cb_paged_attention]
 
 
 def _patch_transformers_cb(api) -> None:
@@ -209,7 +317,7 @@ def _patch_transformers_cb(api) -> None:
     import importlib
 
     pkg = sys.modules[_CB]
-    for sub in ("utils", "cache", "input_outputs", "model_runner"):
+    for sub in ("utils", "cache", "input_outputs", "model_runner", "initialization"):
         setattr(pkg, sub, importlib.import_module(f"{_CB}.{sub}"))
     pkg.continuous_api = api
     for patch in CB_PATCHES:
