@@ -19,6 +19,7 @@ from ._torch import autocast as _autocast
 from ._torch import clients as _clients
 from ._torch import flex as _flex
 from ._torch import patches as _patches
+from ._torch import patchset as _patchset
 from ._torch import serialization as _serialization
 from ._torch import tpu_module as _tpu_module
 from .lowering import pallas_router as _pallas
@@ -113,6 +114,7 @@ def install() -> None:
     optim_mod.register_optimizer_step_post_hook(_after_optimizer_step)
     _autocast.register()
     _tpu_module.populate()
+    _patchset.check(_patches.NAMES + _clients.NAMES + (_serialization.PATCH,))
     _serialization.install()
     from ._compile import api as compile_api
     from ._ops import kernels as _kernels  # noqa: F401 - registers torch.ops.lazyrt.* (jax_op)

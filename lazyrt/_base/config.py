@@ -109,6 +109,11 @@ def _env_cache_dir() -> str | None:
     return os.path.join(os.path.abspath(os.path.expanduser(base)), "lazyrt")
 
 
+def _env_names(name: str) -> frozenset:
+    """A comma-separated list of names (``"a,b"``; spaces and empty items ignored)."""
+    return frozenset(n.strip().lower() for n in os.environ.get(name, "").split(",") if n.strip())
+
+
 def _env_mode() -> str:
     mode = os.environ.get("TORCH_TPU_MODE")
     if mode is not None and mode != "":
@@ -162,6 +167,9 @@ class Config:
     # its own): bytes, or a float in (0, 1] = that share of the host's memory (cgroup-aware).
     # Ignored where JAX reports the device's limit (GPU/TPU). See docs/huggingface.md.
     device_memory: int | float = 0.5
+    # names of lazyrt's patches of torch and client libraries not to apply (to bisect a
+    # problem); read when each patch is installed. See docs/architecture.md, "Patches".
+    disabled_patches: frozenset = frozenset()
 
     @classmethod
     def from_env(cls) -> Config:
@@ -182,6 +190,7 @@ class Config:
             record_source=_env_bool("LAZYRT_RECORD_SOURCE"),
             host_malloc_cache=_env_bool("LAZYRT_HOST_MALLOC_CACHE", True),
             device_memory=_env_memory("LAZYRT_DEVICE_MEMORY", 0.5),
+            disabled_patches=_env_names("LAZYRT_DISABLE_PATCH"),
         )
 
 

@@ -52,6 +52,7 @@ import torch
 from .._base import rng as _rng
 from .._base.metrics import COUNTERS
 from .._ops.control import sync
+from . import patchset as _patchset
 from . import tpu_module as _tpu_module
 
 _CB = "transformers.generation.continuous_batching"
@@ -321,16 +322,25 @@ def _patch_transformers_cb(api) -> None:
         setattr(pkg, sub, importlib.import_module(f"{_CB}.{sub}"))
     pkg.continuous_api = api
     for patch in CB_PATCHES:
+        if not _patchset.enabled(_name(patch)):
+            continue
+        if patch is _patch_cb_padding and "cb_host_inputs" not in applied:
+            continue  # it pads the host-built inputs' steps only
         try:
             patch(pkg)
         except AttributeError as e:
             warnings.warn(f"lazyrt: transformers' continuous batching moved ({e}); patch "
-                          f"{patch.__name__[7:]} is not applied (written for transformers 5.24)",
+                          f"{_name(patch)} is not applied (written for transformers 5.24)",
                           stacklevel=2)
             return
 
 
 # ---- transformers Trainer ------------------------------------------------------------------
+
+def _trainer_rng(mod) -> None:
+    if _patchset.enabled("trainer_rng"):
+        _patch_trainer_rng(mod)
+
 
 def _patch_trainer_rng(mod) -> None:
     """transformers ``Trainer._save_rng_state`` / ``_load_rng_state`` (5.24): a checkpoint's
@@ -385,7 +395,13 @@ def _rng_file(trainer, folder: str) -> str:
 # torch's device autoload, which imports lazyrt) is patched when it has loaded
 # (``_when_loaded``).
 PATCHES = {f"{_CB}.continuous_api": _patch_transformers_cb,
-           "transformers.trainer": _patch_trainer_rng}
+           "transformers.trainer": _trainer_rng}
+# the patches' names (LAZYRT_DISABLE_PATCH)
+NAMES = (*(p.__name__[len("_patch_"):] for p in CB_PATCHES), "trainer_rng")
+
+
+def _name(patch) -> str:
+    return patch.__name__[len("_patch_"):]
 _pending = dict(PATCHES)
 
 

@@ -5,6 +5,10 @@ Checked against torch 2.13.0 (the pinned release). Each patch says what it chang
 why lazyrt needs it, and what to look at when torch moves. ``tests/test_structure.py``
 fails loudly if a patched attribute disappears. (Kernels registered through the public
 ``torch.library`` API are not patches: see ``_registration``.)
+
+Every patch has a name (its function's, without ``_`` or ``_patch_``; ``NAMES``), a
+behaviour test (``tests/test_patches.py``) and can be turned off by
+``LAZYRT_DISABLE_PATCH=name[,name]`` (``patchset``).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from .._base.tensor import TpuTensor
 from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
 from . import patches_io as _patches_io
+from . import patchset as _patchset
 
 _installed = []
 
@@ -235,6 +240,17 @@ PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _tpu_generators, _accelerator_api, _flex_attention_devices) + _patches_io.PATCHES
 
 
+def name(patch) -> str:
+    """A patch's name: its function's, less a leading ``_`` or ``_patch_``."""
+    n = patch.__name__
+    return n[len("_patch_"):] if n.startswith("_patch_") else n.lstrip("_")
+
+
+def _apply(patch, *args) -> None:
+    if _patchset.enabled(name(patch)):
+        patch(*args)
+
+
 def install_dynamo(on_recompile_limit) -> None:
     """At the first compile: Dynamo treats a ``TpuTensor`` as a tensor (it wraps only plain
     tensors and traceable wrapper subclasses by default, so every tpu op graph-broke with
@@ -245,8 +261,17 @@ def install_dynamo(on_recompile_limit) -> None:
     Tpu tensors keep static shapes under automatic dynamic (Python scalars do not), and
     ``on_recompile_limit(backend, code, reason, limit_type)`` hears of every frame that hit
     Dynamo's recompile limit (``_compile.dynamo``)."""
-    import torch._dynamo
     import torch._dynamo.variables.builder as builder
+
+    _apply(_dynamo_wraps_tpu_tensors, builder)
+    _apply(_dynamo_traces_rnn)
+    _apply(_static_tpu_shapes, builder)
+    _apply(_recompile_limit_hook, on_recompile_limit)
+
+
+def _dynamo_wraps_tpu_tensors(builder) -> None:
+    """``VariableBuilder._type_dispatch()`` and ``builder.infer_subclass_type``: Dynamo
+    wraps a TpuTensor as a plain tensor (see ``install_dynamo``)."""
     from torch._dynamo.variables.builder import VariableBuilder
 
     VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
@@ -260,11 +285,15 @@ def install_dynamo(on_recompile_limit) -> None:
         return None if type(value) is TpuTensor else infer(value)
 
     builder.infer_subclass_type = infer_subclass_type
-    # LSTM/GRU are traced into the graph rather than graph-broken, as TorchTPU does
-    # (process-wide Dynamo config, set at the first tpu compile).
+
+
+def _dynamo_traces_rnn() -> None:
+    """``torch._dynamo.config.allow_rnn``: LSTM/GRU are traced into the graph rather than
+    graph-broken, as TorchTPU does (process-wide Dynamo config, set at the first tpu
+    compile)."""
+    import torch._dynamo
+
     torch._dynamo.config.allow_rnn = True
-    _static_tpu_shapes(builder)
-    _recompile_limit_hook(on_recompile_limit)
 
 
 def _static_tpu_shapes(builder) -> None:
@@ -315,8 +344,8 @@ def install(compile_rule) -> None:
     if _installed:
         return
     for patch in PATCHES:
-        patch()
-    _compile_picks_tpu(compile_rule)
+        _apply(patch)
+    _apply(_compile_picks_tpu, compile_rule)
     _installed.append(True)
 
 
@@ -413,6 +442,12 @@ def install_distributed(hooks) -> None:
     if _dist_installed:
         return
     _dist_installed.append(True)
-    _patch_fsdp_storage()
-    _patch_fsdp_init(hooks)
-    _patch_dtensor_local_chunks(hooks)
+    _apply(_patch_fsdp_storage)
+    _apply(_patch_fsdp_init, hooks)
+    _apply(_patch_dtensor_local_chunks, hooks)
+
+
+NAMES = tuple(name(p) for p in (*PATCHES, _compile_picks_tpu, _dynamo_wraps_tpu_tensors,
+                                _dynamo_traces_rnn, _static_tpu_shapes, _recompile_limit_hook,
+                                _patch_fsdp_storage, _patch_fsdp_init,
+                                _patch_dtensor_local_chunks))

@@ -166,5 +166,13 @@ def to_tpu(c: torch.Tensor, memo: dict | None = None) -> TpuTensor:
         return torch.as_strided(root, c.shape, c.stride(), c.storage_offset()).detach()
 
 
+PATCH = "tensor_pickling"  # its name for LAZYRT_DISABLE_PATCH
+
+
 def install() -> None:
-    TpuTensor.__reduce_ex__ = reduce_ex
+    """``TpuTensor.__reduce_ex__`` (patch ``tensor_pickling``): tpu tensors pickle as
+    PyTorch pickles CPU ones (above)."""
+    from . import patchset
+
+    if patchset.enabled(PATCH):
+        TpuTensor.__reduce_ex__ = reduce_ex
