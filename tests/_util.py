@@ -63,3 +63,45 @@ def assert_close(actual, expected, rtol=1e-4, atol=1e-5, check_values=True, path
             f"{path}: {actual} != {expected}"
     elif check_values:
         assert actual == expected, f"{path}: {actual} != {expected}"
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (test data independent of the global stream)."""
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=gen(seed)).to(dtype)
+
+
+def fallbacks() -> int:
+    import lazyrt
+
+    return lazyrt.metrics.counters()["cpu_fallbacks"]
+
+
+def check_op(fn, *args, rtol=1e-4, atol=1e-5, **kwargs):
+    """``fn`` (an op or function) on the tpu copies of its arguments against CPU: values,
+    shapes, dtypes; no op fell back to the CPU. Returns the tpu result."""
+    expected = fn(*args, **kwargs)
+    actual = fn(*to_tpu(args), **to_tpu(kwargs))
+    assert_close(to_cpu(actual), expected, rtol=rtol, atol=atol)
+    assert fallbacks() == 0
+    return actual
+
+
+def grad_check(fn, *inputs, seed=0, rtol=1e-4, atol=1e-5):
+    """The output of ``fn`` and the gradients of its floating inputs on tpu against CPU;
+    the gradient fed back is ``randn(*out.shape, seed=seed)`` (a plain dense tensor); no
+    op fell back to the CPU."""
+    results = []
+    for dev in ("cpu", "tpu"):
+        xs = [x.detach().clone().to(dev).requires_grad_(x.is_floating_point()) for x in inputs]
+        out = fn(*xs)
+        cot = randn(*out.shape, seed=seed).to(dev)
+        grads = torch.autograd.grad(out, [x for x in xs if x.requires_grad], cot)
+        results.append((out.detach(), list(grads)))
+    (out_c, grads_c), (out_t, grads_t) = results
+    assert_close(out_t, out_c, rtol, atol)
+    assert_close(grads_t, grads_c, rtol, atol, path="grad")
+    assert fallbacks() == 0

@@ -33,3 +33,22 @@ def _no_fallback_and_clean():
     lazyrt.config.cpu_fallback = False
     yield
     lazyrt.config.cpu_fallback = prev
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches empty before and after the test (modules of compile tests use it for
+    every test: ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def defer_mode():
+    """The test runs in defer mode; what it left pending is flushed at its end."""
+    with lazyrt.set_mode("defer"):
+        yield
+        lazyrt.sync()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 import transformers as tf
+from _util import gen
 
 VOCAB, B, T = 64, 2, 8
 D, L, H, KV, FF = 32, 2, 4, 2, 64
@@ -70,12 +71,8 @@ def _model(model_cls, cfg_cls, attn=None, **kw):
     return model_cls(cfg)
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
 def _ids(seed, t=T, lo=3):
-    return torch.randint(lo, VOCAB, (B, t), generator=_gen(seed))
+    return torch.randint(lo, VOCAB, (B, t), generator=gen(seed))
 
 
 def _mask(t=T):
@@ -112,7 +109,7 @@ def _text_lm(seed, mask=True):
 
 def _text_cls(seed, classes=3):
     inputs = {"input_ids": _ids(seed), "attention_mask": _mask()}
-    return inputs, (torch.randint(0, classes, (B,), generator=_gen(seed + 1)),)
+    return inputs, (torch.randint(0, classes, (B,), generator=gen(seed + 1)),)
 
 
 def _seq2seq(seed):
@@ -121,13 +118,13 @@ def _seq2seq(seed):
 
 
 def _pixels(seed, hw=32, classes=5, c=3):
-    g = _gen(seed)
+    g = gen(seed)
     return {"pixel_values": torch.randn(B, c, hw, hw, generator=g)}, \
         (torch.randint(0, classes, (B,), generator=g),)
 
 
 def _audio(seed, n=1600):
-    return {"input_values": torch.randn(B, n, generator=_gen(seed))}, ()
+    return {"input_values": torch.randn(B, n, generator=gen(seed))}, ()
 
 
 def _longformer_batch():
@@ -151,7 +148,7 @@ def _image_text(seed, mask):
     inputs = {"input_ids": _ids(seed)}
     if mask:
         inputs["attention_mask"] = _mask()
-    inputs["pixel_values"] = torch.randn(B, 3, 32, 32, generator=_gen(seed + 1))
+    inputs["pixel_values"] = torch.randn(B, 3, 32, 32, generator=gen(seed + 1))
     return inputs, ()
 
 
@@ -403,7 +400,7 @@ ARCHS: dict[str, Arch] = {
                                           conv_channels=16, input_feat_per_channel=16,
                                           pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                           decoder_start_token_id=1),
-                           lambda: ({"input_features": torch.randn(B, 32, 16, generator=_gen(206)),
+                           lambda: ({"input_features": torch.randn(B, 32, 16, generator=gen(206)),
                                      "decoder_input_ids": _ids(207)}, (_ids(208),)), _lm_loss),
     "whisper": Arch(lambda: _model(tf.WhisperForConditionalGeneration, tf.WhisperConfig,
                                    vocab_size=VOCAB, num_mel_bins=16, d_model=D, encoder_layers=L,
@@ -413,7 +410,7 @@ ARCHS: dict[str, Arch] = {
                                    max_target_positions=16, decoder_start_token_id=1,
                                    pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                    suppress_tokens=None, begin_suppress_tokens=None),
-                    lambda: ({"input_features": torch.randn(B, 16, 32, generator=_gen(82)),
+                    lambda: ({"input_features": torch.randn(B, 16, 32, generator=gen(82)),
                               "decoder_input_ids": _ids(83)}, (_ids(84),)), _lm_loss),
     # ---- multimodal
     "clip": Arch(lambda: _model(tf.CLIPModel, tf.CLIPConfig, projection_dim=16,

@@ -9,29 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import assert_close, to_cpu, to_tpu
+from _util import check_op, gen, grad_check, randn, to_cpu
 
-import lazyrt
 from lazyrt.lowering import LOWERINGS, derived_backward
 from lazyrt.lowering._traced import jax_fn
 
 aten = torch.ops.aten
-
-
-def _gen(seed=0):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0):
-    return torch.randn(tuple(shape), generator=_gen(seed))
-
-
-def _check_op(op, *args, rtol=1e-4, atol=1e-5, **kwargs):
-    expected = op(*args, **kwargs)
-    actual = op(*to_tpu(args), **to_tpu(kwargs))
-    assert_close(to_cpu(actual), expected, rtol=rtol, atol=atol)
-    assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
-    return actual
 
 
 # ---- the backward ops, called directly ----------------------------------------------------------
@@ -50,9 +33,9 @@ def _check_op(op, *args, rtol=1e-4, atol=1e-5, **kwargs):
 def test_upsample_backward(mode, name, nd, sizes, align_corners, scaled):
     in_size, out_size = sizes
     scales = [1.7] * nd if scaled and not align_corners else [None] * nd
-    g = _randn(*in_size[:2], *out_size)
+    g = randn(*in_size[:2], *out_size)
     op = getattr(aten, f"{name}_backward").default
-    _check_op(op, g, list(out_size), list(in_size), align_corners, *scales)
+    check_op(op, g, list(out_size), list(in_size), align_corners, *scales)
 
 
 @pytest.mark.parametrize("nd", [2, 3])
@@ -61,40 +44,40 @@ def test_upsample_backward(mode, name, nd, sizes, align_corners, scaled):
 def test_grid_sampler_backward_output_mask(mode, nd, interp, padding, mask):
     if nd == 3 and interp == 2:
         pytest.skip("bicubic is 2-D only")
-    x = _randn(2, 3, *([4, 5, 6][3 - nd:]))
-    grid = torch.rand(2, *([3, 2, 4][3 - nd:]), nd, generator=_gen(1)) * 2.4 - 1.2
-    g = _randn(2, 3, *grid.shape[1:-1], seed=2)
+    x = randn(2, 3, *([4, 5, 6][3 - nd:]))
+    grid = torch.rand(2, *([3, 2, 4][3 - nd:]), nd, generator=gen(1)) * 2.4 - 1.2
+    g = randn(2, 3, *grid.shape[1:-1], seed=2)
     op = aten.grid_sampler_2d_backward.default if nd == 2 else aten.grid_sampler_3d_backward.default
     for align in (False, True):
         # None where CPU returns None (its grid gradient is computed whatever the mask)
-        _check_op(op, g, x, grid, interp, padding, align, mask, rtol=1e-4, atol=1e-4)
+        check_op(op, g, x, grid, interp, padding, align, mask, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("nd,pad", [(1, [2, 3]), (2, [2, 3, 1, 0]), (3, [1, 0, 2, 1, 1, 1])])
 def test_replication_pad_backward(mode, nd, pad):
-    x = _randn(2, 3, *[3, 4, 5][:nd])
+    x = randn(2, 3, *[3, 4, 5][:nd])
     out = getattr(aten, f"replication_pad{nd}d")(x, pad)
-    g = _randn(*out.shape, seed=1)
-    _check_op(getattr(aten, f"replication_pad{nd}d_backward").default, g, x, pad)
+    g = randn(*out.shape, seed=1)
+    check_op(getattr(aten, f"replication_pad{nd}d_backward").default, g, x, pad)
 
 
 @pytest.mark.parametrize("op", [aten.softshrink_backward.default, aten.hardshrink_backward.default])
 @pytest.mark.parametrize("lambd", [0.0, 0.5, 1.3])
 def test_shrink_backward(mode, op, lambd):
-    x = _randn(4, 7)
+    x = randn(4, 7)
     x[0, :3] = torch.tensor([lambd, -lambd, 0.0])  # at the kinks
-    _check_op(op, _randn(4, 7, seed=1), x, lambd)
+    check_op(op, randn(4, 7, seed=1), x, lambd)
 
 
 @pytest.mark.parametrize("p,margin", [(1, 1.0), (2, 0.7)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_multi_margin_loss_backward(mode, p, margin, weighted, reduction):
-    x = _randn(5, 4)
+    x = randn(5, 4)
     t = torch.tensor([1, 0, 3, 3, 2])
-    w = torch.rand(4, generator=_gen(3)) if weighted else None
-    g = _randn(5, seed=1) if reduction == 0 else _randn(seed=1)
-    _check_op(aten.multi_margin_loss_backward.default, g, x, t, p, margin, w, reduction)
+    w = torch.rand(4, generator=gen(3)) if weighted else None
+    g = randn(5, seed=1) if reduction == 0 else randn(seed=1)
+    check_op(aten.multi_margin_loss_backward.default, g, x, t, p, margin, w, reduction)
 
 
 @pytest.mark.parametrize("reduction", [0, 1, 2])
@@ -103,41 +86,41 @@ def test_multilabel_margin_loss(mode, reduction, batched):
     if reduction == 0 and not batched:
         pytest.xfail("dispatcher core: output shapes come from PyTorch's meta kernel, which gives "
                      "[1] for an unbatched reduction='none' loss where the CPU kernel gives []")
-    x = _randn(3, 4)
+    x = randn(3, 4)
     t = torch.tensor([[3, 0, -1, 1], [1, 2, 3, -1], [0, -1, 1, 2]])  # rows end early at -1
     if not batched:
         x, t = x[1], t[1]
     # the forward (PyTorch's decomposition miscounts rows that end early; lazyrt's lowering
     # follows the CPU kernel)
-    loss, is_target = _check_op(aten.multilabel_margin_loss_forward.default, x, t, reduction)
-    g = _randn(*loss.shape, seed=1)
-    _check_op(aten.multilabel_margin_loss_backward.default, g, x, t, reduction, to_cpu(is_target))
+    loss, is_target = check_op(aten.multilabel_margin_loss_forward.default, x, t, reduction)
+    g = randn(*loss.shape, seed=1)
+    check_op(aten.multilabel_margin_loss_backward.default, g, x, t, reduction, to_cpu(is_target))
 
 
 @pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, float("inf")])
 def test_cdist_backward(mode, p):
-    x1, x2 = _randn(2, 4, 3), _randn(2, 5, 3, seed=1)
+    x1, x2 = randn(2, 4, 3), randn(2, 5, 3, seed=1)
     x2[0, 0] = x1[0, 1]  # a zero distance
     d = aten._cdist_forward(x1, x2, p, None)
-    _check_op(aten._cdist_backward.default, _randn(*d.shape, seed=2), x1, x2, p, d,
+    check_op(aten._cdist_backward.default, randn(*d.shape, seed=2), x1, x2, p, d,
               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0, 3.0, float("inf")])
 def test_pdist_backward(mode, p):
-    x = _randn(5, 3)
+    x = randn(5, 3)
     d = aten._pdist_forward(x, p)
-    _check_op(aten._pdist_backward.default, _randn(*d.shape, seed=1), x, p, d, rtol=1e-4, atol=1e-4)
+    check_op(aten._pdist_backward.default, randn(*d.shape, seed=1), x, p, d, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dim", [0, 2])  # PyTorch calls the fused op on the first/last dim only
 def test_weight_norm_interface_backward(mode, dim):
-    v = _randn(4, 3, 2)
+    v = randn(4, 3, 2)
     gshape = [1, 1, 1]
     gshape[dim] = v.shape[dim]
-    g = torch.rand(gshape, generator=_gen(1)) + 0.5
+    g = torch.rand(gshape, generator=gen(1)) + 0.5
     w, norms = aten._weight_norm_interface(v, g, dim)
-    out = _check_op(aten._weight_norm_interface_backward.default, _randn(*w.shape, seed=2), v, g,
+    out = check_op(aten._weight_norm_interface_backward.default, randn(*w.shape, seed=2), v, g,
                     norms, dim)
     assert len(out) == 2
 
@@ -146,8 +129,8 @@ def test_weight_norm_interface_backward(mode, dim):
 @pytest.mark.parametrize("tensor_lengths", [False, True])
 def test_ctc_loss_backward(mode, zero_infinity, tensor_lengths):
     T, N, C = 12, 3, 5
-    lp = _randn(T, N, C).log_softmax(2)
-    targets = torch.randint(1, C, (N, 4), generator=_gen(1))
+    lp = randn(T, N, C).log_softmax(2)
+    targets = torch.randint(1, C, (N, 4), generator=gen(1))
     il, tl = [12, 10, 9], [4, 3, 2]
     if zero_infinity:
         il[2] = 1  # an impossible alignment: infinite loss, zeroed
@@ -158,22 +141,22 @@ def test_ctc_loss_backward(mode, zero_infinity, tensor_lengths):
     else:
         nll, alpha = aten._ctc_loss(lp, targets, il, tl, 0, zero_infinity)
         op = aten._ctc_loss_backward.default
-    _check_op(op, _randn(N, seed=2), lp, targets, il, tl, nll, alpha, 0, zero_infinity,
+    check_op(op, randn(N, seed=2), lp, targets, il, tl, nll, alpha, 0, zero_infinity,
               rtol=1e-4, atol=1e-5)
 
 
 def test_masked_scatter_backward(mode):
-    mask = torch.rand(3, 4, generator=_gen(1)) > 0.5
-    g = _randn(3, 4)
-    _check_op(aten.masked_scatter_backward.default, g, mask, [5, 4])
-    _check_op(aten.masked_scatter_backward.default, g, mask, [20])
+    mask = torch.rand(3, 4, generator=gen(1)) > 0.5
+    g = randn(3, 4)
+    check_op(aten.masked_scatter_backward.default, g, mask, [5, 4])
+    check_op(aten.masked_scatter_backward.default, g, mask, [20])
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("offsets", [False, True])
 def test_segment_reduce_backward(mode, reduce, axis, offsets):
-    data = _randn(6, 6)
+    data = randn(6, 6)
     data[0, 0] = data[1, 0]  # a tie (max/min)
     data[3, 2] = 0.0  # a zero (prod)
     lengths = torch.tensor([2, 0, 3, 1])
@@ -182,25 +165,15 @@ def test_segment_reduce_backward(mode, reduce, axis, offsets):
         lengths, offs = lengths.expand(6, 4).contiguous(), offs.expand(6, 5).contiguous()
     kw = {"offsets": offs} if offsets else {"lengths": lengths}
     out = aten.segment_reduce(data, reduce, axis=axis, unsafe=False, **kw)
-    g = _randn(*out.shape, seed=1)
-    _check_op(aten._segment_reduce_backward.default, g, out, data, reduce, axis=axis, **kw)
+    g = randn(*out.shape, seed=1)
+    check_op(aten._segment_reduce_backward.default, g, out, data, reduce, axis=axis, **kw)
+
+
+def _derived_grad_check(fn, *inputs, rtol=1e-4, atol=1e-5):
+    grad_check(fn, *inputs, seed=7, rtol=rtol, atol=atol)
 
 
 # ---- the layers that reach them, against CPU autograd ---------------------------------------------
-
-
-def _grad_check(fn, *inputs, rtol=1e-4, atol=1e-5):
-    ins = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
-    out = fn(*ins)
-    cot = _randn(*out.shape, seed=7)
-    diff = [x for x in ins if x.requires_grad]
-    ref = torch.autograd.grad(out, diff, cot)
-    tins = [x.detach().to("tpu").requires_grad_(x.is_floating_point()) for x in inputs]
-    tout = fn(*tins)
-    got = torch.autograd.grad(tout, [x for x in tins if x.requires_grad], cot.to("tpu"))
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
-    assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 
 LAYERS = {
@@ -224,13 +197,13 @@ LAYERS = {
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_layer_gradients(mode, name):
     fn, shapes = LAYERS[name]
-    _grad_check(fn, *[_randn(*s, seed=i) for i, s in enumerate(shapes)], rtol=1e-4, atol=1e-4)
+    _derived_grad_check(fn, *[randn(*s, seed=i) for i, s in enumerate(shapes)], rtol=1e-4, atol=1e-4)
 
 
 def test_ctc_loss_gradient(mode):
-    lp = _randn(12, 3, 5).log_softmax(2)
-    tg = torch.randint(1, 5, (3, 4), generator=_gen(1))
-    _grad_check(lambda x: F.ctc_loss(x.log_softmax(2), tg.to(x.device), [12, 10, 9], [4, 3, 2]), lp)
+    lp = randn(12, 3, 5).log_softmax(2)
+    tg = torch.randint(1, 5, (3, 4), generator=gen(1))
+    _derived_grad_check(lambda x: F.ctc_loss(x.log_softmax(2), tg.to(x.device), [12, 10, 9], [4, 3, 2]), lp)
 
 
 # ---- the mechanism --------------------------------------------------------------------------------
@@ -285,7 +258,7 @@ def test_decomposed_forward_runs_on_lowerings():
 
     f = jax_fn(aten.upsample_bicubic2d.default)
     assert f.__name__ == "upsample_bicubic2d_decomposed"
-    x = _randn(2, 3, 4, 5)
+    x = randn(2, 3, 4, 5)
     with jax.enable_x64(True):
         got = f(jnp.asarray(x.numpy()), [7, 3], False, None, None)
     torch.testing.assert_close(torch.from_numpy(np.asarray(got)),

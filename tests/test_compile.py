@@ -18,11 +18,7 @@ from lazyrt import metrics
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _c():

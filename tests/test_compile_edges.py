@@ -18,11 +18,7 @@ from lazyrt import metrics
 _KEYS = ("compiled_graphs", "cache_misses", "compiled_eager_calls", "compiled_modules")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _c():

@@ -6,7 +6,6 @@ A sample runs in CI; ``-m slow`` runs every family."""
 from __future__ import annotations
 
 import pytest
-import torch
 from test_model_families import FAMILIES, STEPS, check_family
 
 import lazyrt
@@ -22,11 +21,7 @@ def _params(slow: bool):
             for n in FAMILIES if (n in CI_SAMPLE) != slow]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _check(family, mode):

@@ -14,12 +14,7 @@ import lazyrt
 from lazyrt._base.ir import Pending
 from lazyrt._exec import defer as _defer
 
-
-@pytest.fixture(autouse=True)
-def defer_mode():
-    with lazyrt.set_mode("defer"):
-        yield
-        lazyrt.sync()
+pytestmark = pytest.mark.usefixtures("defer_mode")
 
 
 def _counters():

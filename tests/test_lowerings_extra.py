@@ -10,27 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import assert_close, to_cpu, to_tpu
-
-import lazyrt
+from _util import assert_close, check_op, gen, randn, to_cpu, to_tpu
 
 aten = torch.ops.aten
-
-
-def _gen(seed=0):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(tuple(shape), generator=_gen(seed)).to(dtype)
-
-
-def _check(fn, *args, rtol=1e-4, atol=1e-5, **kwargs):
-    expected = fn(*args, **kwargs)
-    actual = fn(*to_tpu(args), **to_tpu(kwargs))
-    assert_close(to_cpu(actual), expected, rtol=rtol, atol=atol)
-    assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
-    return actual
 
 
 @pytest.mark.parametrize("op", [aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default,
@@ -40,18 +22,18 @@ def _check(fn, *args, rtol=1e-4, atol=1e-5, **kwargs):
     ((5, 6), (11, 13), True, None), ((10, 10), (4, 4), False, (0.4, 0.45)), ((7, 7), (7, 7), False, None),
     ((4, 4), (1, 1), True, None)])
 def test_upsample_antialiased(mode, op, hw, out, align, scales):
-    x = _randn(2, 3, *hw)
-    _check(op, x, list(out), align, *(scales or (None, None)))
+    x = randn(2, 3, *hw)
+    check_op(op, x, list(out), align, *(scales or (None, None)))
 
 
 def test_interpolate_antialias_gradient(mode):
-    x = _randn(2, 3, 9, 8).requires_grad_()
+    x = randn(2, 3, 9, 8).requires_grad_()
     for m in ("bilinear", "bicubic"):
         y = F.interpolate(x, size=(4, 5), mode=m, antialias=True)
-        (gx,) = torch.autograd.grad(y, x, _randn(*y.shape, seed=1))
+        (gx,) = torch.autograd.grad(y, x, randn(*y.shape, seed=1))
         xt = x.detach().to("tpu").requires_grad_()
         yt = F.interpolate(xt, size=(4, 5), mode=m, antialias=True)
-        (gt,) = torch.autograd.grad(yt, xt, _randn(*y.shape, seed=1).to("tpu"))
+        (gt,) = torch.autograd.grad(yt, xt, randn(*y.shape, seed=1).to("tpu"))
         torch.testing.assert_close(yt.cpu(), y.detach(), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(gt.cpu(), gx, rtol=1e-4, atol=1e-5)
 
@@ -64,12 +46,12 @@ def test_fractional_max_pool_given_samples(mode, nd, batched):
     k = (2, 3) if nd == 2 else (2, 2, 3)
     o = (4, 3) if nd == 2 else (3, 2, 3)
     for seed in range(4):
-        x = _randn(*shape, seed=seed)
+        x = randn(*shape, seed=seed)
         x[..., 1] = x[..., 0]  # ties: the first index wins
         if seed == 3:
             x[0, 0, 0, 0] = float("nan")  # NaNs: the last one in the window wins
             x[0, 1, 2] = float("nan")
-        samples = torch.rand(2, 3, nd, generator=_gen(seed + 10))
+        samples = torch.rand(2, 3, nd, generator=gen(seed + 10))
         if not batched:
             x, samples = x[0], samples[:1]
         v, i = f(x, k, output_size=o, return_indices=True, _random_samples=samples)
@@ -79,7 +61,7 @@ def test_fractional_max_pool_given_samples(mode, nd, batched):
         assert torch.equal(it.cpu(), i)
         if seed != 3:
             xr = x.clone().requires_grad_()
-            g = _randn(*v.shape, seed=5)
+            g = randn(*v.shape, seed=5)
             (gr,) = torch.autograd.grad(f(xr, k, output_size=o, _random_samples=samples), xr, g)
             (gt,) = torch.autograd.grad(vt, xt, g.to("tpu"))
             torch.testing.assert_close(gt.cpu(), gr)
@@ -88,7 +70,7 @@ def test_fractional_max_pool_given_samples(mode, nd, batched):
 def _ldl_cases():
     yield torch.tensor([[0.0, 1, 2], [1, 0, 3], [2, 3, 0]])  # forces a 2x2 pivot
     yield torch.tensor([[0.0, 0, 0], [0, 1, 2], [0, 2, 1]])  # a zero column: info = 1
-    g = _gen(3)
+    g = gen(3)
     for n in (1, 2, 4, 6, 7):
         m = torch.randn(3, n, n, generator=g)
         yield m + m.mT  # indefinite: mixed 1x1 / 2x2 pivots
@@ -99,21 +81,21 @@ def _ldl_cases():
 @pytest.mark.parametrize("case", range(8))
 def test_ldl_factor_and_solve(mode, case):
     A = list(_ldl_cases())[case]
-    LD, piv, info = _check(lambda a: torch.linalg.ldl_factor_ex(a), A)
+    LD, piv, info = check_op(lambda a: torch.linalg.ldl_factor_ex(a), A)
     if case == 0:
         assert (to_cpu(piv) < 0).any()
     if case == 1:
         assert int(to_cpu(info)) == 1
         return
     LDc, pivc, _ = torch.linalg.ldl_factor_ex(A)
-    B = _randn(*A.shape[:-1], 3, seed=4)
-    _check(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), LDc, pivc, B, rtol=1e-4, atol=1e-4)
+    B = randn(*A.shape[:-1], 3, seed=4)
+    check_op(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), LDc, pivc, B, rtol=1e-4, atol=1e-4)
 
 
 def _hermitian_ldl_cases():
     yield torch.tensor([[0.0, 1 + 1j, 2], [1 - 1j, 0, 3j], [2, -3j, 0]])  # a 2x2 pivot
     yield torch.tensor([[0.0, 0, 0], [0, 1, 2j], [0, -2j, 1]])  # a zero column: info = 1
-    g = _gen(5)
+    g = gen(5)
     for n in (1, 2, 5, 8):
         m = torch.randn(3, n, n, dtype=torch.complex64, generator=g)
         yield m + m.mH  # indefinite: mixed 1x1 / 2x2 pivots
@@ -128,15 +110,15 @@ def test_ldl_factor_and_solve_complex_hermitian(mode, case):
     # LAPACK's zhetrf/zhetrs (what PyTorch's CPU kernels call with hermitian=True): the
     # same pivots and LD, and a solve of A X = B with A = P L D L^H P^T.
     A = list(_hermitian_ldl_cases())[case]
-    LD, piv, info = _check(lambda a: torch.linalg.ldl_factor_ex(a, hermitian=True), A)
+    LD, piv, info = check_op(lambda a: torch.linalg.ldl_factor_ex(a, hermitian=True), A)
     if case == 0:
         assert (to_cpu(piv) < 0).any()
     if case == 1:
         assert int(to_cpu(info)) == 1
         return
     LDc, pivc, _ = torch.linalg.ldl_factor_ex(A, hermitian=True)
-    B = torch.randn(*A.shape[:-1], 3, dtype=torch.complex64, generator=_gen(6))
-    _check(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=True), LDc, pivc, B,
+    B = torch.randn(*A.shape[:-1], 3, dtype=torch.complex64, generator=gen(6))
+    check_op(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=True), LDc, pivc, B,
            rtol=1e-4, atol=1e-4)
     if case < 7:  # a Hermitian A: the solve solves it
         X = torch.linalg.ldl_solve(to_tpu(LDc), to_tpu(pivc), to_tpu(B), hermitian=True)
@@ -146,19 +128,19 @@ def test_ldl_factor_and_solve_complex_hermitian(mode, case):
 @pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])
 @pytest.mark.parametrize("m,n", [(5, 3), (3, 3), (2, 4)])
 def test_lstsq_drivers(mode, driver, m, n):
-    A = _randn(2, m, n)
-    B = _randn(2, m, 2, seed=1)
-    _check(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B, rtol=1e-3, atol=1e-4)
-    _check(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B[..., 0],
+    A = randn(2, m, n)
+    B = randn(2, m, 2, seed=1)
+    check_op(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B, rtol=1e-3, atol=1e-4)
+    check_op(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B[..., 0],
            rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
 def test_lstsq_rank_deficient(mode, driver):
-    A = _randn(6, 3)
+    A = randn(6, 3)
     A[:, 2] = A[:, 0] + A[:, 1]  # rank 2: gelsd/gelss return no residuals
-    B = _randn(6, 2, seed=1)
-    sol, res, rank, sv = _check(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B,
+    B = randn(6, 2, seed=1)
+    sol, res, rank, sv = check_op(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), A, B,
                                 rtol=1e-3, atol=1e-4)
     assert int(to_cpu(rank)) == 2 and to_cpu(res).numel() == 0
 
@@ -166,16 +148,16 @@ def test_lstsq_rank_deficient(mode, driver):
 def test_grouped_mm_layouts_and_gradients(mode):
     dt = torch.bfloat16
     offs = torch.tensor([2, 3, 6], dtype=torch.int32)
-    a, b = _randn(6, 8, dtype=dt), _randn(3, 8, 8, seed=1, dtype=dt)
-    _check(torch._grouped_mm, a, b, offs)
-    _check(torch._grouped_mm, _randn(4, 16, dtype=dt), _randn(16, 8, seed=1, dtype=dt),
+    a, b = randn(6, 8, dtype=dt), randn(3, 8, 8, seed=1, dtype=dt)
+    check_op(torch._grouped_mm, a, b, offs)
+    check_op(torch._grouped_mm, randn(4, 16, dtype=dt), randn(16, 8, seed=1, dtype=dt),
            torch.tensor([8, 16], dtype=torch.int32))
-    _check(torch._grouped_mm, _randn(2, 4, 8, dtype=dt), _randn(8, 16, seed=1, dtype=dt),
+    check_op(torch._grouped_mm, randn(2, 4, 8, dtype=dt), randn(8, 16, seed=1, dtype=dt),
            torch.tensor([8, 16], dtype=torch.int32))
-    _check(torch._grouped_mm, _randn(2, 4, 8, dtype=dt), _randn(2, 8, 8, seed=1, dtype=dt))
+    check_op(torch._grouped_mm, randn(2, 4, 8, dtype=dt), randn(2, 8, 8, seed=1, dtype=dt))
     # gradients against a float32 loop over the groups (CPU's own backward needs CUDA strides)
     at, bt = a.to("tpu").requires_grad_(), b.to("tpu").requires_grad_()
-    g = _randn(6, 8, seed=2, dtype=dt)
+    g = randn(6, 8, seed=2, dtype=dt)
     torch._grouped_mm(at, bt, offs.to("tpu")).backward(g.to("tpu"))
     af, bf = a.float().requires_grad_(), b.float().requires_grad_()
     torch.cat([af[0:2] @ bf[0], af[2:3] @ bf[1], af[3:6] @ bf[2]]).backward(g.float())
@@ -184,20 +166,20 @@ def test_grouped_mm_layouts_and_gradients(mode):
 
 
 def test_repeat_interleave_tensor_repeats(mode):
-    x = _randn(4, 3)
+    x = randn(4, 3)
     r = torch.tensor([1, 0, 3, 2])
-    _check(lambda x, r: torch.repeat_interleave(x, r, dim=0), x, r)
-    _check(lambda r: torch.repeat_interleave(r), r)
+    check_op(lambda x, r: torch.repeat_interleave(x, r, dim=0), x, r)
+    check_op(lambda r: torch.repeat_interleave(r), r)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_cross_entropy_chunked(mode, reduction, bias):
-    x = _randn(7, 5).requires_grad_()
-    w = _randn(6, 5, seed=1).requires_grad_()
-    b = _randn(6, seed=2).requires_grad_() if bias else None
+    x = randn(7, 5).requires_grad_()
+    w = randn(6, 5, seed=1).requires_grad_()
+    b = randn(6, seed=2).requires_grad_() if bias else None
     t = torch.tensor([0, 5, -100, 2, 2, 1, 3])
-    cw = torch.rand(6, generator=_gen(3))
+    cw = torch.rand(6, generator=gen(3))
     opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=3, allow_retain_graph=True)
 
     def run(x, w, b, t, cw):
@@ -205,7 +187,7 @@ def test_linear_cross_entropy_chunked(mode, reduction, bias):
 
     ins = [v for v in (x, w, b) if v is not None]
     out = run(x, w, b, t, cw)
-    cot = _randn(*out.shape, seed=4)
+    cot = randn(*out.shape, seed=4)
     ref = torch.autograd.grad(out, ins, cot)
     tx, tw = x.detach().to("tpu").requires_grad_(), w.detach().to("tpu").requires_grad_()
     tb = b.detach().to("tpu").requires_grad_() if bias else None
@@ -219,6 +201,6 @@ def test_linear_cross_entropy_chunked(mode, reduction, bias):
 def test_searchsorted_scalar_and_empty(mode):
     seq = torch.tensor([1.0, 2.0, 2.0, 5.0])
     for side in ("left", "right"):
-        _check(lambda s, side=side: torch.searchsorted(s, 2.0, side=side), seq)
-    _check(lambda s, v: torch.searchsorted(s, v), torch.empty(0), torch.tensor([1.0, 3.0]))
-    _check(lambda s, v: torch.searchsorted(s, v), torch.empty(2, 0), _randn(2, 3))
+        check_op(lambda s, side=side: torch.searchsorted(s, 2.0, side=side), seq)
+    check_op(lambda s, v: torch.searchsorted(s, v), torch.empty(0), torch.tensor([1.0, 3.0]))
+    check_op(lambda s, v: torch.searchsorted(s, v), torch.empty(2, 0), randn(2, 3))

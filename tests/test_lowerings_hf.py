@@ -8,27 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import assert_close
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _grad_check(fn, *inputs, seed=0):
-    """Forward and input gradients of ``fn`` on tpu against CPU. The output is reduced with
-    random weights, so the gradient fed back is a plain dense tensor."""
-    results = []
-    for dev in ("cpu", "tpu"):
-        xs = [x.detach().clone().to(dev).requires_grad_(x.is_floating_point()) for x in inputs]
-        out = fn(*xs)
-        w = torch.randn(out.shape, generator=_gen(seed)).to(dev)
-        (out * w).sum().backward()
-        results.append((out.detach(), [x.grad for x in xs if x.is_floating_point()]))
-    (out_c, grads_c), (out_t, grads_t) = results
-    assert_close(out_t, out_c)
-    assert_close(grads_t, grads_c, path="grad")
-
+from _util import assert_close, gen, grad_check
 
 # ---- aten._grouped_mm (MoE experts in transformers >= 5: Mixtral, Qwen2/3-MoE, OLMoE) ------
 # PyTorch's CPU kernel needs 16-byte aligned strides: sizes are multiples of 4 floats.
@@ -42,14 +22,14 @@ def _np(t):
 
 def test_grouped_mm_bfloat16_on_tpu(mode):
     # bfloat16 passes the meta kernel: the whole path (forward and backward) runs on tpu.
-    a = torch.randn(12, 8, generator=_gen(21)).bfloat16()
-    b = torch.randn(3, 8, 8, generator=_gen(22)).bfloat16()
+    a = torch.randn(12, 8, generator=gen(21)).bfloat16()
+    b = torch.randn(3, 8, 8, generator=gen(22)).bfloat16()
     offs = torch.tensor([5, 5, 12], dtype=torch.int32)
     out = {}
     for dev in ("cpu", "tpu"):
         a_, b_ = a.clone().to(dev).requires_grad_(), b.clone().to(dev).requires_grad_()
         y = torch._grouped_mm(a_, b_, offs.to(dev))
-        (y.float() * torch.randn(12, 8, generator=_gen(23)).to(dev)).sum().backward()
+        (y.float() * torch.randn(12, 8, generator=gen(23)).to(dev)).sum().backward()
         out[dev] = [y.detach(), a_.grad, b_.grad]
     assert [t.dtype for t in out["tpu"]] == [torch.bfloat16] * 3
     assert_close(out["tpu"], out["cpu"], rtol=2e-2, atol=2e-2)
@@ -60,7 +40,7 @@ def test_grouped_mm_lowering_matches_cpu(case):
     """The lowering as a JAX function, and its jax.vjp, against PyTorch CPU (+ autograd)."""
     from lazyrt.lowering.linalg import _grouped_mm
 
-    g = _gen(20)
+    g = gen(20)
     if case.startswith("2d3d"):
         a, b = torch.randn(12, 8, generator=g), torch.randn(3, 8, 4, generator=g)
         if case.endswith("strided"):
@@ -91,44 +71,44 @@ def test_grouped_mm_lowering_matches_cpu(case):
 
 def test_grouped_mm_rows_by_expert(mode):
     # (tokens, K) x (experts, K, N), tokens sorted by expert; an empty group in the middle.
-    a = torch.randn(12, 8, generator=_gen(1))
-    b = torch.randn(3, 8, 4, generator=_gen(2))
+    a = torch.randn(12, 8, generator=gen(1))
+    b = torch.randn(3, 8, 4, generator=gen(2))
     offs = torch.tensor([5, 5, 12], dtype=torch.int32)
-    _grad_check(lambda a, b: torch._grouped_mm(a, b, offs.to(a.device)), a, b)
+    grad_check(lambda a, b: torch._grouped_mm(a, b, offs.to(a.device)), a, b)
 
 
 def test_grouped_mm_transposed_weight_like_transformers(mode):
     # transformers passes weight.transpose(-2, -1) of (experts, N, K): a strided view.
-    a = torch.randn(8, 8, generator=_gen(3))
-    w = torch.randn(4, 12, 8, generator=_gen(4))
+    a = torch.randn(8, 8, generator=gen(3))
+    w = torch.randn(4, 12, 8, generator=gen(4))
     offs = torch.tensor([2, 3, 7, 8], dtype=torch.int32)
-    _grad_check(lambda a, w: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs.to(a.device)),
+    grad_check(lambda a, w: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs.to(a.device)),
                 a, w)
 
 
 def test_grouped_mm_contracted_dim_grouped(mode):
     # 2-D x 2-D: groups along K (what the expert weights' gradient is).
-    a = torch.randn(4, 12, generator=_gen(5))
-    b = torch.randn(12, 8, generator=_gen(6))
+    a = torch.randn(4, 12, generator=gen(5))
+    b = torch.randn(12, 8, generator=gen(6))
     offs = torch.tensor([4, 4, 12], dtype=torch.int32)
     got = torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs.to("tpu"))
     assert_close(got, torch._grouped_mm(a, b, offs))
 
 
 def test_grouped_mm_columns_grouped_and_batched(mode):
-    a = torch.randn(3, 4, 8, generator=_gen(7))
-    b = torch.randn(8, 12, generator=_gen(8))
+    a = torch.randn(3, 4, 8, generator=gen(7))
+    b = torch.randn(8, 12, generator=gen(8))
     offs = torch.tensor([4, 8, 12], dtype=torch.int32)
     got = torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs.to("tpu"))
     assert_close(got, torch._grouped_mm(a, b, offs))
-    b3 = torch.randn(3, 8, 4, generator=_gen(9))
+    b3 = torch.randn(3, 8, 4, generator=gen(9))
     assert_close(torch._grouped_mm(a.to("tpu"), b3.to("tpu")), torch._grouped_mm(a, b3))
 
 
 def test_grouped_mm_rows_past_last_offset_are_zero(mode):
     # PyTorch leaves such rows unwritten (garbage); lazyrt gives zeros, the rest matches.
-    a = torch.randn(8, 4, generator=_gen(10))
-    b = torch.randn(2, 4, 4, generator=_gen(11))
+    a = torch.randn(8, 4, generator=gen(10))
+    b = torch.randn(2, 4, 4, generator=gen(11))
     offs = torch.tensor([3, 6], dtype=torch.int32)
     got = torch._grouped_mm(a.to("tpu"), b.to("tpu"), offs.to("tpu")).cpu()
     assert_close(got[:6], torch._grouped_mm(a, b, offs)[:6])
@@ -141,17 +121,17 @@ def test_grouped_mm_rows_past_last_offset_are_zero(mode):
 @pytest.mark.parametrize("nd", [1, 2, 3])
 def test_convolution_valid_padding_string(mode, nd):
     # padding="valid" (SigLIP's patch embedding) reaches aten.convolution as padding=[0].
-    x = torch.randn((2, 3) + (9,) * nd, generator=_gen(12))
-    w = torch.randn((4, 3) + (3,) * nd, generator=_gen(13))
-    bias = torch.randn(4, generator=_gen(14))
+    x = torch.randn((2, 3) + (9,) * nd, generator=gen(12))
+    w = torch.randn((4, 3) + (3,) * nd, generator=gen(13))
+    bias = torch.randn(4, generator=gen(14))
     conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
-    _grad_check(lambda x, w, b: conv(x, w, b, stride=2, padding="valid"), x, w, bias)
+    grad_check(lambda x, w, b: conv(x, w, b, stride=2, padding="valid"), x, w, bias)
 
 
 def test_convolution_one_element_lists(mode):
-    x = torch.randn(2, 2, 10, 10, generator=_gen(15))
-    w = torch.randn(4, 2, 3, 3, generator=_gen(16))
+    x = torch.randn(2, 2, 10, 10, generator=gen(15))
+    w = torch.randn(4, 2, 3, 3, generator=gen(16))
     op = torch.ops.aten.convolution.default
-    _grad_check(lambda x, w: op(x, w, None, [2], [1], [2], False, [0], 1), x, w)
-    wt = torch.randn(2, 4, 3, 3, generator=_gen(17))
-    _grad_check(lambda x, w: op(x, w, None, [2], [1], [1], True, [1], 1), x, wt)
+    grad_check(lambda x, w: op(x, w, None, [2], [1], [2], False, [0], 1), x, w)
+    wt = torch.randn(2, 4, 3, 3, generator=gen(17))
+    grad_check(lambda x, w: op(x, w, None, [2], [1], [1], True, [1], 1), x, wt)

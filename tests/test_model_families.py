@@ -31,6 +31,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _util import gen
 
 import lazyrt
 
@@ -47,10 +48,6 @@ def _one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------
@@ -118,7 +115,7 @@ class GPT2(nn.Module):
 
 
 def _lm_batch(vocab=64, b=2, t=8, seed=10):
-    g = _gen(seed)
+    g = gen(seed)
     return torch.randint(0, vocab, (b, t), generator=g), torch.randint(0, vocab, (b, t), generator=g)
 
 
@@ -244,7 +241,7 @@ class Bert(nn.Module):
 
 
 def _bert_batch():
-    g = _gen(11)
+    g = gen(11)
     b, t = 3, 8
     lengths = torch.tensor([8, 5, 3])
     attention_mask = (torch.arange(t)[None] < lengths[:, None]).long()
@@ -360,7 +357,7 @@ class T5(nn.Module):
 
 
 def _t5_batch():
-    g = _gen(12)
+    g = gen(12)
     return (torch.randint(0, 64, (2, 10), generator=g), torch.randint(0, 64, (2, 6), generator=g),
             torch.randint(0, 64, (2, 6), generator=g))
 
@@ -409,7 +406,7 @@ class ViT(nn.Module):
 
 
 def _img_batch(seed, b=4, c=3, hw=16, classes=10):
-    g = _gen(seed)
+    g = gen(seed)
     return torch.randn(b, c, hw, hw, generator=g), torch.randint(0, classes, (b,), generator=g)
 
 
@@ -553,7 +550,7 @@ class UNet(nn.Module):
 
 
 def _unet_batch():
-    g = _gen(13)
+    g = gen(13)
     return (torch.randn(2, 3, 8, 8, generator=g), torch.tensor([3, 517]),
             torch.randn(2, 3, 8, 8, generator=g))
 
@@ -588,7 +585,7 @@ class GRUModel(nn.Module):
 
 
 def _seq_batch():
-    g = _gen(14)
+    g = gen(14)
     return torch.randint(0, 32, (3, 5), generator=g), torch.randint(0, 5, (3, 5), generator=g)
 
 
@@ -643,7 +640,7 @@ class MoE(nn.Module):
 
 
 def _moe_batch():
-    g = _gen(15)
+    g = gen(15)
     return torch.randn(2, 6, 16, generator=g), torch.randint(0, 6, (2, 6), generator=g)
 
 
@@ -680,7 +677,7 @@ class DLRM(nn.Module):
 
 
 def _dlrm_batch():
-    g = _gen(16)
+    g = gen(16)
     b = 4
     out = [torch.randn(b, 4, generator=g)]
     for n, lens in ((20, [2, 1, 3, 2]), (30, [1, 4, 2, 1]), (16, [3, 2, 1, 2])):

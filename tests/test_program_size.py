@@ -20,11 +20,7 @@ from lazyrt._exec import defer as _defer
 N = 40
 
 
-@pytest.fixture(autouse=True)
-def defer_mode():
-    with lazyrt.set_mode("defer"):
-        yield
-        lazyrt.sync()
+pytestmark = pytest.mark.usefixtures("defer_mode")
 
 
 def _ops(text: str) -> list[str]:
