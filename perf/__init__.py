@@ -7,5 +7,5 @@
 
 Each (workload, mode) runs in a fresh subprocess (``python -m perf._worker``); see
 ``perf/suite.py`` for what is reported and ``perf/workloads.py`` for the workloads.
-``perf/bench_kernels.py`` (Pallas kernels vs XLA) is a separate script.
+``python -m perf.bench_kernels`` (Pallas kernels vs XLA) is a separate script.
 """

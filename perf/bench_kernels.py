@@ -1,6 +1,6 @@
 """Time the Pallas kernels against XLA's own path (the jnp references under jit).
 
-    python perf/bench_kernels.py [--json FILE] [--runs N] [--warmup N]
+    python -m perf.bench_kernels [--json FILE] [--runs N] [--warmup N]   (from the repository root)
 
 Cases: attention forward, attention forward+backward, matmul (+ fused bias/GELU).
 Each timing is the median of ``--runs`` calls after ``--warmup`` calls (the first of which
@@ -15,15 +15,11 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-# NOTE: run as a script from anywhere: make the repository root importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import jax.numpy as jnp

@@ -21,7 +21,8 @@ Times are CPU seconds of the whole process (``time.process_time``: XLA compiles 
 thread pool, and CPU time is much less noisy than wall time on a shared machine); wall
 seconds are reported beside them. With ``--repeat R`` each measurement runs R times and
 the median is shown. The ratio column is lazyrt's compile (trace + lower + XLA compile of
-the step's flush programs) over plain JAX's (lower + compile): the bar is 2x.
+the step's flush programs) over plain JAX's (lower + compile); its bar and the RSS bar are
+in ``perf/targets.py``.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from . import targets
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = ("inplace2", "adamw_many", "mlp_train", "gpt_train", "llama_infer")
@@ -419,7 +422,8 @@ def _print_row(name: str, res: dict) -> None:
           f"{jx['ops']} StableHLO ops{jper}")
     print(f"   defer     : step-1 compile {d['compile_cpu_s']:.2f} s cpu "
           f"(XLA {d['xla_cpu_s']:.2f}), {d['ops']} StableHLO ops{per} in "
-          f"{d['programs_step1']} program(s); ratio defer/JAX {_f(ratio)}x (bar 2x)")
+          f"{d['programs_step1']} program(s); ratio defer/JAX {_f(ratio)}x "
+          f"(bar {targets.COMPILE_VS_JAX:g}x)")
     print(f"               steps 1-3: {' / '.join(_f(x) for x in d['step_cpu_s'])} s cpu, "
           f"{' / '.join(_f(x) for x in d['step_wall_s'])} s wall; programs compiled per "
           f"step {d['compiles']} (step 2 compile {d['compile2_cpu_s']:.2f} s cpu); "
@@ -427,7 +431,8 @@ def _print_row(name: str, res: dict) -> None:
     s = res.get("strict")
     if s and s.get("ok"):
         print(f"   strict    : step 1 {s['step_cpu_s'][0]:.2f} s cpu, peak RSS {s['rss_mb']:.0f} MB;"
-              f" defer/strict RSS {d['rss_mb'] / s['rss_mb']:.2f}x (bar 1.5x)")
+              f" defer/strict RSS {d['rss_mb'] / s['rss_mb']:.2f}x "
+              f"(bar {targets.RSS_DEFER_VS_STRICT:g}x)")
     w = res.get("warm")
     if w and w.get("ok"):
         print(f"   warm cache: step 1 {w['step_cpu_s'][0]:.2f} s cpu / {w['step_wall_s'][0]:.2f} s "

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from . import targets
 from .workloads import ATTENTION_SHAPES, WORKLOADS
 
 ALL_MODES = ("strict", "defer", "compiled", "compiled_step", "cpu", "jax", "floor_dispatch",
@@ -33,13 +34,6 @@ TRAINING = ("mlp_train", "adamw_many", "adamw_many_foreach", "gpt_train")
 LOSS_RTOL = 1e-3
 LOSS_ATOL = 1e-5
 
-# Bars from the issues (#13 on the CPU backend). Reported, never asserted.
-# defer at least this much faster than strict on every workload (attention: every shape)
-BARS_SPEEDUP_VS_STRICT = {"default": 1.5, "adamw_many": 2.0, "tiny_ops": 2.0}
-# defer_ms <= factor * the plain-JAX whole step
-BARS_VS_JAX = {"mlp_train": 1.3, "gpt_train": 1.3}
-# tiny_ops per op: mode <= factor * floor
-BARS_VS_FLOOR = {"defer": ("floor_dispatch", 2.0), "strict": ("floor_jit", 2.0)}
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,7 +247,7 @@ def check_bars(summary: list[dict]) -> list[dict]:
 
     for s in summary:
         w = s["workload"]
-        t = BARS_SPEEDUP_VS_STRICT.get(w, BARS_SPEEDUP_VS_STRICT["default"])
+        t = targets.SPEEDUP_VS_STRICT.get(w, targets.SPEEDUP_VS_STRICT["default"])
         v = s.get("speedup_defer_vs_strict")
         if v is not None:
             add(f"{s['label']}: defer vs strict", v, f">= {t}x", v >= t)
@@ -265,28 +259,30 @@ def check_bars(summary: list[dict]) -> list[dict]:
             bars.append({"bar": f"{s['label']}: strict / plain-JAX whole step (context)",
                          "value": sm / jm, "target": f"defer's bar: >= {t}x",
                          "status": "info"})
-    for w, t in BARS_VS_JAX.items():
+    for w, t in targets.VS_JAX.items():
         s = by.get(w, {})
         d, j = s.get("defer_ms"), s.get("jax_ms")
         v = d / j if d and j else None
         add(f"{w}: defer / plain-JAX whole step", v, f"<= {t}", None if v is None else v <= t)
     t = by.get("tiny_ops", {})
-    for m, (floor, lim) in BARS_VS_FLOOR.items():
+    for m, (floor, lim) in targets.VS_FLOOR.items():
         a, b = t.get(f"{m}_us_per_op"), t.get(f"{floor}_us_per_op")
         v = a / b if a and b else None
         add(f"tiny_ops: {m} per op / {floor}", v, f"<= {lim}", None if v is None else v <= lim)
     for s in summary:
         a, b = s.get("defer_hbm_peak_bytes"), s.get("strict_hbm_peak_bytes")
         if a is not None and b:
-            add(f"{s['label']}: HBM peak defer / strict", a / b, "<= 1", a <= b)
+            lim = targets.HBM_DEFER_VS_STRICT
+            add(f"{s['label']}: HBM peak defer / strict", a / b, f"<= {lim:g}", a <= lim * b)
     for w in TRAINING:
         s = by.get(w)
         if not s:
             continue
         miss, fl = s.get("defer_cache_misses_after_warmup"), s.get("defer_flushes_per_step")
-        ok = None if miss is None or fl is None else (miss == 0 and fl == 1)
+        want = (targets.TRAINING_MISSES, targets.TRAINING_FLUSHES)
+        ok = None if miss is None or fl is None else (miss, fl) == want
         add(f"{w}: defer misses after warm-up / flushes per step",
-            None if ok is None else f"{miss} / {fl:g}", "0 / 1", ok)
+            None if ok is None else f"{miss} / {fl:g}", f"{want[0]} / {want[1]}", ok)
     return bars
 
 

@@ -244,3 +244,14 @@ def test_any_module_can_be_imported_first():
 def test_tpu_module_api():
     assert torch.tpu.device_count() == 1
     assert torch.tpu.eager_mode in tuple(torch.tpu.EagerMode)
+
+
+def test_perf_targets_table_is_the_one_in_perf_readme():
+    """perf/README.md shows the targets of ``perf/targets.py`` (``python -m perf.targets``)."""
+    root = PKG.parent
+    sys.path.insert(0, str(root))
+    try:
+        from perf import targets
+    finally:
+        sys.path.remove(str(root))
+    assert targets.table() in (root / "perf" / "README.md").read_text()
