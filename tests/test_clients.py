@@ -360,6 +360,7 @@ def test_import_lazyrt_imports_no_client_library():
                 "clients.applied, clients._finder in sys.meta_path)") == "[] {} True"
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("first", ["lazyrt", "transformers.generation.continuous_batching",

@@ -355,6 +355,7 @@ def test_explain_recompile_from_the_first_recompile_short_with_source_line(capsy
     assert len(third.splitlines()) <= 6
 
 
+@pytest.mark.subprocess
 def test_explain_recompile_speaks_at_a_processes_first_recompile():
     import os
     import subprocess

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from _dist_launch import check_items, launch, launch_torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 def test_collectives_strict_and_defer():

@@ -156,6 +156,7 @@ _STORAGE_SWEEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 @pytest.mark.subprocess
 def test_storage_methods_work_or_raise_and_never_crash():
