@@ -34,6 +34,7 @@ ELSEWHERE = {
     "cb_memory": "test_clients.py::test_generate_batch_sizes_its_cache_from_the_tpu_budget",
     "cb_host_inputs": "test_clients.py::test_generate_batch_equals_cpu_and_compiles_per_size_not_per_step",
     "cb_padding": "test_clients.py::test_generate_batch_equals_cpu_and_compiles_per_size_not_per_step",
+    "cb_paged_attention": "test_paged_serving.py::test_generate_batch_decodes_with_paged_attention",
 }
 
 
