@@ -1,5 +1,5 @@
-"""Compiles per call and ms per token of Hugging Face ``generate()`` on tpu (README,
-Generation). Reported, never asserted.
+"""Compiles per call and ms per token of Hugging Face ``generate()`` on tpu (docs/generation.md).
+Reported, never asserted.
 
     python -m perf.generation [--mode strict|defer] [--cache dynamic|static] [--new 16]
 

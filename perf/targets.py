@@ -24,7 +24,7 @@ RSS_DEFER_VS_STRICT = 1.5
 
 
 def rows() -> list[tuple[str, str]]:
-    """(what, target), as the README's table shows them."""
+    """(what, target), as perf/README.md's table shows them."""
     out = [(f"defer vs strict, ms/step ({w})" if w != "default" else
             "defer vs strict, ms/step (other workloads; attention: every shape)", f">= {t}x")
            for w, t in sorted(SPEEDUP_VS_STRICT.items(), key=lambda kv: kv[0] == "default")]

@@ -163,7 +163,7 @@ def test_generate_compiles_nothing_per_token(mode, cache, batch, left_pad):
     first tokens a token compiles no program, and the tokens are CPU's. (The last token
     may compile one: the stopping criterion's constant flips to True. A left-padded batch
     with the dynamic cache still compiles at every token: its mask is built at the
-    cache's length; README, Generation.)"""
+    cache's length; docs/generation.md.)"""
     model = _build("llama")
     ids, mask = _prompt(t=5, left_pad=left_pad)
     ids, mask = ids[:batch], mask[:batch]

@@ -1,5 +1,5 @@
 """Several threads using tpu tensors at once, in defer mode: recording, in-place writes
-(through views too), syncs from any thread. The rule (README, Threads): one pending
+(through views too), syncs from any thread. The rule (docs/modes.md, Threads): one pending
 trace per process, one lock; every op is atomic with respect to flushes."""
 from __future__ import annotations
 
