@@ -1,21 +1,17 @@
-import atexit
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# NOTE: the tests never read or fill the user's persistent compile cache: each test process
-# (and the subprocesses it starts, which inherit this) uses a fresh directory of its own.
-_CACHE = tempfile.mkdtemp(prefix="lazyrt-test-cache-")
-os.environ["LAZYRT_CACHE_DIR"] = _CACHE
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+# NOTE: the tests never read or fill a persistent compile cache (the user's or a shared
+# one): off for this process and the subprocesses it starts, which inherit this; the
+# cache's own tests give their processes a directory each (tests/test_compile_cache.py).
+os.environ["LAZYRT_CACHE_DIR"] = "off"
 
-import pytest  # noqa: E402
+import pytest
 
-import lazyrt  # noqa: E402
+import lazyrt
 
 # (also when lazyrt was imported before this file, e.g. by a plugin, and read another dir)
-lazyrt.config.cache_dir = _CACHE
+lazyrt.config.cache_dir = "off"
 
 MODES = ["strict", "defer"]
 

@@ -334,6 +334,15 @@ def _factories(device):
     ]
 
 
+@pytest.fixture
+def host_constants(monkeypatch):
+    """Host constants are off by default (``lazyrt._exec.consts.ENABLED``); on here."""
+    from lazyrt._exec import consts
+
+    monkeypatch.setattr(consts, "ENABLED", True)
+
+
+@pytest.mark.usefixtures("host_constants")
 def test_constants_made_on_the_host_equal_compiled_ones():
     from lazyrt._exec import consts
 
@@ -367,6 +376,7 @@ def _host_progs():
     return out
 
 
+@pytest.mark.usefixtures("host_constants")
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 def test_moving_a_model_and_making_optimizer_state_compile_nothing(mode):
     torch.manual_seed(0)

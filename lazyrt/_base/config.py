@@ -153,7 +153,7 @@ class Config:
     cache_max_mb: float = 2048.0
     # tiered: a program first compiles at a low optimization level, the optimized build
     # replaces it from a background thread; full: every program compiled fully at once
-    compile: str = "tiered"
+    compile: str = "full"
     explain_recompile: bool = False
     debug_compare: bool = False
     cpu_fallback: bool = False
@@ -182,7 +182,7 @@ class Config:
             plan_cache_size=_env_int("LAZYRT_PLAN_CACHE_SIZE", 512),
             cache_dir=_env_cache_dir(),
             cache_max_mb=_env_float("LAZYRT_CACHE_MAX_MB", 2048.0),
-            compile=_env_choice("LAZYRT_COMPILE", ("tiered", "full"), "tiered"),
+            compile=_env_choice("LAZYRT_COMPILE", ("tiered", "full"), "full"),
             explain_recompile=_env_bool("LAZYRT_EXPLAIN_RECOMPILE"),
             debug_compare=_env_bool("LAZYRT_DEBUG_COMPARE"),
             cpu_fallback=_env_bool("LAZYRT_CPU_FALLBACK"),

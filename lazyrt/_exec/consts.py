@@ -16,6 +16,8 @@ a transfer.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.extend.core as jcore
 import numpy as np
@@ -24,6 +26,11 @@ from .._base import dtypes as _dtypes  # noqa: F401  (numpy knows bfloat16 throu
 from .._base.platform import on_cpu
 
 DEVICE_CALLS = 8
+# NOTE: off until two findings of the full suite are fixed: a host-made 0-d constant lands
+# on one device beside mesh-sharded inputs ("incompatible devices", tests/test_jax_op.py's
+# Mesh case, tests/test_spmd_uneven.py), and Python float scalars round differently from
+# XLA's program (tests/test_program_size.py). ``LAZYRT_HOST_CONSTANTS=1`` turns it on.
+ENABLED = os.environ.get("LAZYRT_HOST_CONSTANTS", "0") == "1"
 
 
 def _literal(v):
@@ -146,7 +153,7 @@ def evaluate(prog, arrays: list, scalars: list):
     is to be compiled instead: not a constant, not supported, or called often on an
     accelerator."""
     host = prog.host
-    if host is False:
+    if host is False or not ENABLED:
         return None
     prog.host_calls += 1
     if prog.host_calls > DEVICE_CALLS and not on_cpu():
