@@ -3,7 +3,7 @@ torchtitan.train``, through ``tests/titan_launch.py``) on tpu, against the same 
 the CPU from the same initial weights (``tests/_titan.py``: tokenizer and dataset built in
 code, the CPU reference's weights saved and loaded by every run).
 
-CI runs one rank in strict and defer mode for 3 steps; the two-rank runs (FSDP2, tensor
+CI runs one rank in defer mode for 3 steps (strict with ``-m slow``); the two-rank runs (FSDP2, tensor
 parallel, torchrun on 127.0.0.1) and ``--compile.enable`` run with ``-m slow``. The dataset
 makes every data-parallel rank read the 1-rank run's documents, so each run's losses and
 gradient norms are the CPU 1-rank run's (up to bf16 rounding: FSDP2's mixed precision
@@ -47,7 +47,7 @@ def _same(got, ref, loss_tol=2e-3, norm_rtol=2e-2):
         assert norm == pytest.approx(rnorm, rel=norm_rtol), (step, got, ref)
 
 
-@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("mode", [pytest.param("strict", marks=pytest.mark.slow), "defer"])
 def test_one_rank(root, init, cpu, mode):
     _same(run(root, f"tpu1_{mode}", mode=mode, steps=STEPS, init=init), cpu)
 
