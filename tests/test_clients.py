@@ -208,6 +208,11 @@ def test_accelerate_dispatch_auto_and_memory_queries(mode, tmp_path, device_memo
     assert model.hf_device_map == {"": 0}
     assert {str(t.device) for t in (*model.parameters(), *model.buffers())} == {"tpu:0"}
 
+    from accelerate.state import AcceleratorState
+
+    # NOTE: accelerate's state is process-wide; another test in this process may have
+    # made it for a CPU run (tests/test_hf_clients.py's CPU reference)
+    AcceleratorState._reset_state(reset_partial_state=True)
     acc = Accelerator()
     assert acc.device.type == "tpu"
     ids = torch.tensor([[1, 5, 9, 13, 2, 7]])

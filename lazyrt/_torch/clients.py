@@ -231,11 +231,7 @@ def _paged_attention_forward(orig):
         return out.unsqueeze(0), None  # [1, T, Hq, D], as transformers' attention returns
 
     attention.__wrapped__ = orig
-    # NOTE: Dynamo traces ``orig`` in this function's place (lazyrt's files are on its
-    # skip list: a compiled model calling this wrapper graph-broke at every layer and
-    # recompiled per token, tests/test_compile.py's static-cache generation); the paged
-    # path is eager-only (continuous batching on tpu is not compiled).
-    attention._torchdynamo_inline = orig
+    attention._torchdynamo_inline = orig  # NOTE: Dynamo skips lazyrt's files: it traces orig
     return attention
 
 
