@@ -98,15 +98,17 @@ OFF = ("off", "0", "false", "no", "none")  # LAZYRT_CACHE_DIR values that turn i
 
 
 def _env_cache_dir() -> str | None:
-    """``LAZYRT_CACHE_DIR``: a directory, ``off``, or unset for the user's cache directory
+    """``LAZYRT_CACHE_DIR``: a directory, or ``off``/unset: no persistent cache. NOTE: off
+    by default until a known bug is fixed (a cached executable ran with other input shapes;
+    docs/compile-cache.md); ``user`` picks the user's cache directory
     (``$XDG_CACHE_HOME/lazyrt``, else ``~/.cache/lazyrt``)."""
     v = os.environ.get("LAZYRT_CACHE_DIR", "").strip()
-    if v.lower() in OFF:
+    if not v or v.lower() in OFF:
         return None
-    if v:
-        return os.path.abspath(os.path.expanduser(v))
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-    return os.path.join(os.path.abspath(os.path.expanduser(base)), "lazyrt")
+    if v.lower() == "user":
+        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+        return os.path.join(os.path.abspath(os.path.expanduser(base)), "lazyrt")
+    return os.path.abspath(os.path.expanduser(v))
 
 
 def _env_names(name: str) -> frozenset:
