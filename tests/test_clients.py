@@ -24,14 +24,7 @@ transformers = pytest.importorskip("transformers")
 GIB = 1 << 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    # CPU references of tiny models: with >1 intra-op thread on a busy machine OpenMP
-    # barriers make them up to 1000x slower.
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+from test_model_families import _one_cpu_thread  # noqa: E402,F401  (CPU refs on one thread)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import lazyrt
 
@@ -19,12 +18,7 @@ from test_clients import PROMPTS, _generate_batch, _slow, _tiny_llama
 C = lazyrt.metrics.COUNTERS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+from test_model_families import _one_cpu_thread  # noqa: E402,F401  (CPU refs on one thread)
 
 
 def _stream(i):

@@ -111,12 +111,7 @@ def track_outputs(arrays, nbytes) -> None:
 def count_run(arrays, nbytes, live_before: int, extra_bytes: int, where: str) -> None:
     """An unlogged computation (a strict op) ran: count its fresh outputs (as
     ``track_outputs``) and fold its peak (``computation_peak``) into the process peak."""
-    for a, nb in zip(arrays, nbytes):
-        ref = _Tracked(a, _release)
-        ref.key = key = id(a)
-        ref.nbytes = nb
-        if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
-            _state["live"] += nb
+    track_outputs(arrays, nbytes)
     peak = live_before + extra_bytes
     if peak > _state["peak"]:
         _state["peak"] = peak
