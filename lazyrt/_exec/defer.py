@@ -31,8 +31,8 @@ around it changes shape every call) gets a flush of its own (``isolated``).
 Threads: there is one pending trace per process, guarded by ``LOCK``. The
 dispatcher holds it for the whole of every op in defer mode (recording, storage
 registration, write-back) and a flush holds it from start to end, so an op is
-never split by another thread's flush. ``record`` and ``note_storage`` check that
-their caller holds it (whoever records a value and stores it in a tensor holds it for
+never split by another thread's flush. ``values.run`` records only under it and
+``note_storage`` checks that its caller holds it (whoever records a value and stores it in a tensor holds it for
 both: collectives, compiled graphs and SPMD marks too).
 """
 from __future__ import annotations
@@ -107,10 +107,8 @@ def eager_const(inputs: list) -> bool:
 
 def record(prog: Prog, inputs: list, scalars: list) -> list[Pending]:
     """Append ``prog`` applied to ``inputs`` (arrays or Pendings); returns its Pendings.
-    The caller holds ``LOCK`` (checked: an op's record and its write-back must not be
-    split by another thread's flush)."""
-    if not _owned():
-        raise RuntimeError(_UNLOCKED.format("recording"))
+    The caller holds ``LOCK``: reached only through ``_exec.values.run``, which records
+    only while the lock is held (``note_storage`` checks the write-back)."""
     tr = _trace
     n = len(tr.nodes)
     # NOTE: both cuts are made before recording, while this op's inputs are still held
