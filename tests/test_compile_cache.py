@@ -183,6 +183,19 @@ def test_entries_are_checked_and_a_damaged_one_is_a_miss(tmp_path):
     torch.testing.assert_close(y, torch.sinh(x.cpu() * 0.5))
 
 
+def test_programs_that_drop_an_unused_argument_are_apart_by_its_shape(tmp_path):
+    """``pdist`` of one row reads none of its input: jit drops the argument, so the programs
+    for a [1, 1] and a [1, 5] input have the same text. Each keeps its own entry (the second
+    once ran the first's executable: "Argument types differ")."""
+    with lazyrt.set_mode("defer"), _compile_mode("full", str(tmp_path)):
+        for n in (1, 5):
+            x = torch.randn(1, n)
+            got = torch.nn.functional.pdist(x.to("tpu")).cpu()
+            torch.testing.assert_close(got, torch.nn.functional.pdist(x))
+        tiers.drain()
+        assert len([f for f in os.listdir(diskcache.directory()) if f.endswith(".exe")]) >= 2
+
+
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path):
     prev = lazyrt.config.cache_dir, lazyrt.config.cache_max_mb
     lazyrt.config.cache_dir, lazyrt.config.cache_max_mb = str(tmp_path), 0.25  # 256 KiB
@@ -336,7 +349,7 @@ def _factories(device):
 
 @pytest.fixture
 def host_constants(monkeypatch):
-    """Host constants are off by default (``lazyrt._exec.consts.ENABLED``); on here."""
+    """Host constants on (the default; ``LAZYRT_HOST_CONSTANTS=0`` turns them off)."""
     from lazyrt._exec import consts
 
     monkeypatch.setattr(consts, "ENABLED", True)

@@ -98,14 +98,13 @@ OFF = ("off", "0", "false", "no", "none")  # LAZYRT_CACHE_DIR values that turn i
 
 
 def _env_cache_dir() -> str | None:
-    """``LAZYRT_CACHE_DIR``: a directory, or ``off``/unset: no persistent cache. NOTE: off
-    by default until a known bug is fixed (a cached executable ran with other input shapes;
-    docs/compile-cache.md); ``user`` picks the user's cache directory
-    (``$XDG_CACHE_HOME/lazyrt``, else ``~/.cache/lazyrt``)."""
+    """``LAZYRT_CACHE_DIR``: unset, empty or ``user``: the user's cache directory
+    (``$XDG_CACHE_HOME/lazyrt``, else ``~/.cache/lazyrt``); ``off``: no persistent cache;
+    anything else: that directory."""
     v = os.environ.get("LAZYRT_CACHE_DIR", "").strip()
-    if not v or v.lower() in OFF:
+    if v.lower() in OFF:
         return None
-    if v.lower() == "user":
+    if not v or v.lower() == "user":
         base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
         return os.path.join(os.path.abspath(os.path.expanduser(base)), "lazyrt")
     return os.path.abspath(os.path.expanduser(v))

@@ -12,7 +12,8 @@ reshapes, selects, integer arithmetic, comparisons, exact conversions); a progra
 other (float arithmetic, a float-to-int conversion) is compiled as before. On the CPU
 platform the transfer is free, so a constant is always made here; elsewhere a program
 that keeps being called (``DEVICE_CALLS``) is compiled, since filling on the device beats
-a transfer.
+a transfer. A program whose inputs lie on several devices (a mesh) is compiled: where its
+outputs go is GSPMD's choice.
 """
 from __future__ import annotations
 
@@ -26,11 +27,8 @@ from .._base import dtypes as _dtypes  # noqa: F401  (numpy knows bfloat16 throu
 from .._base.platform import on_cpu
 
 DEVICE_CALLS = 8
-# NOTE: off until two findings of the full suite are fixed: a host-made 0-d constant lands
-# on one device beside mesh-sharded inputs ("incompatible devices", tests/test_jax_op.py's
-# Mesh case, tests/test_spmd_uneven.py), and Python float scalars round differently from
-# XLA's program (tests/test_program_size.py). ``LAZYRT_HOST_CONSTANTS=1`` turns it on.
-ENABLED = os.environ.get("LAZYRT_HOST_CONSTANTS", "0") == "1"
+# ``LAZYRT_HOST_CONSTANTS=0`` turns it off (every constant is compiled, as any program).
+ENABLED = os.environ.get("LAZYRT_HOST_CONSTANTS", "1") != "0"
 
 
 def _literal(v):
@@ -155,6 +153,12 @@ def evaluate(prog, arrays: list, scalars: list):
     host = prog.host
     if host is False or not ENABLED:
         return None
+    dev = None
+    if arrays:
+        devs = set().union(*(a.devices() for a in arrays))
+        if len(devs) != 1:  # a program over a mesh: its outputs' placement is GSPMD's choice
+            return None
+        dev = next(iter(devs))
     prog.host_calls += 1
     if prog.host_calls > DEVICE_CALLS and not on_cpu():
         return None
@@ -174,10 +178,8 @@ def evaluate(prog, arrays: list, scalars: list):
     if outs is None:
         prog.host = False
         return None
-    dev = arrays[0].devices() if arrays else None
     with jax.enable_x64(True):
-        return [jax.device_put(np.array(o, order="C"), next(iter(dev)) if dev else None)
-                for o in outs]
+        return [jax.device_put(np.array(o, order="C"), dev) for o in outs]
 
 
 def _used(jaxpr) -> set:

@@ -6,8 +6,8 @@ written). Entries live in a subdirectory named by a hash of what an executable d
 besides its program: lazyrt's, JAX's, jaxlib's and PyTorch's versions, the platform and
 its device kind, and on the CPU the host's instruction-set features (an executable built
 for AVX-512 must not run on a host without it). Within it, an entry's name is a hash of
-the program itself (its StableHLO text, argument and result structure, devices and compile
-options), so a changed lowering is a different entry, never a stale one.
+the program itself (its StableHLO text, every argument's shape, dtype and donation, argument
+and result structure, devices and compile options), so a changed lowering is a different entry, never a stale one.
 
 Several processes may share the directory (``torchrun`` ranks, two runs at once): an entry
 is written to a temporary file and renamed into place, so a reader sees a whole entry or
@@ -98,7 +98,9 @@ def key(lowered, text: str, options: dict, tag: str = "") -> str | None:
     if devices is None or lowered._lowering.compile_args.get("host_callbacks"):
         return None
     h = hashlib.sha256()
-    for part in (text, str(lowered.in_tree), str(lowered.out_tree),
+    # NOTE: ``args_info`` too: jit drops unused arguments from the program, so two
+    # programs whose texts are equal can take differently shaped (or donated) arguments.
+    for part in (text, str(lowered.args_info), str(lowered.in_tree), str(lowered.out_tree),
                  repr(sorted(options.items())), ",".join(str(d.id) for d in devices), tag):
         h.update(part.encode())
         h.update(b"\0")
