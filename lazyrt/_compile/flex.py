@@ -49,11 +49,11 @@ def _aval(v):
 
 def step(node, env, plan):
     """``(plan, input refs, floats, random)`` for a flex HOP node of ``plan`` (a
-    ``graph._GraphPlan``; ``env``: node -> ref, a subgraph's a ``("py", GraphModule)``).
+    ``graph._GraphPlan``; ``env``: node -> ``refs.Ref``, a subgraph's a ``Kind.PY`` one).
     Raises (the graph then runs eagerly) if a mod cannot be traced."""
 
     def gm_of(a):
-        return env[a][1]
+        return env[a].at
 
     def ref_of(a):
         return plan.device_ref(a, env)

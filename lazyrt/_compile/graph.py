@@ -37,8 +37,9 @@ from . import flex as _flex
 from .checks import entry as check_entry
 from .checks import is_check
 from .checks import result as check_result
-from .host import _host_args, _host_value, _HostRef, _input_key, _is_cpu_tensor
+from .host import _host_args, _HostRef, _input_key, _is_cpu_tensor
 from .nodes import Unsupported, check_graph, is_tpu_meta, meta_val, out_spec, structure
+from .refs import Kind, Ref, is_host, is_literal, value
 from .symbolic import GraphSymbols, RuntimeInt, Slot, Specialize, concretize, free_symbols
 from .symbolic import walk_node_arg as _walk_arg
 
@@ -112,24 +113,14 @@ class GraphProgram:
 
 class _GraphPlan:
     """One input signature of a graph: its Prog, the host work around it, and how to
-    wrap the outputs.
-
-    Node values are refs: ``("in", i)`` graph input i, ``("node", k)`` device step k,
-    ``("host", k)`` host step k (CPU work on CPU inputs, e.g. the optimizer's step
-    counters: run on the CPU at each call, as eager does), ``("hostv", j)`` host value j
-    as a device input, ``("const", c)`` device constant c, ``("cpu", t)`` a CPU constant,
-    ``("py", v)`` a Python value, ``("get", ref, idx)`` one output of a multi-output op.
+    wrap the outputs. Node values are ``refs.Ref``s (graph inputs, device steps, host
+    steps, constants, ...): ``env`` maps each graph node to its value's ref.
     """
 
     def __init__(self, gp: GraphProgram, args, vals, scal):
-        gm = gp.gm
         # symbol -> value: runtime ones only as examples for meta kernels (``symbolic``)
         self.subs = gp.symbols.values(args)
         self.static_syms = gp.symbols.static
-        n_arr, n_f = len(vals), len(scal)
-        # NOTE: a CPU tensor input has no device value (``_input_key``): None in the
-        # template; the plan reads it on the host (``_host_ref``)
-        tpl = [None if _is_cpu_tensor(a) else template(a, True) for a in args]
         self.consts: list = []  # device arrays the graph reads (constants)
         self.host_steps: list = []  # (op, args, kwargs) over refs
         self.host_inputs: list = []  # host refs fed to the device program, per call
@@ -138,7 +129,7 @@ class _GraphPlan:
         self.host_scalars: list = []  # (host ref, dtype)
         # host refs of the graph's symbolic scalars, runtime inputs: (ref, "i" or "f")
         self.host_rt: list = []
-        self._host_slot: dict = {}  # host ref -> its "hostv"/"hosts" ref
+        self._host_slot: dict = {}  # host ref -> its HOSTV/HOSTS/HOSTR ref
         self.checks: list = []  # linalg checks and asserts (``checks.entry``)
         self.first = True  # not called yet
         # An inference graph's input mutations (``copy_(input, new)`` at its end): device
@@ -147,50 +138,57 @@ class _GraphPlan:
         self.muts: list = []  # (input index, the program output holding its new value)
         self.host_muts: list = []  # (input index, host ref)
         self.copied: dict = {}  # copy_ node -> the input it mutates
-        env: dict = {}
-        steps: list = []  # (plan, input refs, floats, random)
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for i, node in enumerate(placeholders):
-            env[node] = ("in", i)
+        # NOTE: a CPU tensor input has no device value (``_input_key``): None in the
+        # template; the plan reads it on the host (``_host_ref``)
+        tpl = [None if _is_cpu_tensor(a) else template(a, True) for a in args]
+        placeholders = [n for n in gp.gm.graph.nodes if n.op == "placeholder"]
         self.host_in = {i for i, n in enumerate(placeholders) if not is_tpu_meta(meta_val(n))}
-        out_node = None
+        env, steps, out_node = self._walk(gp.gm, placeholders)
+        self.n_random = sum(1 for s in steps if s[3])
+        prog_outs, out_avals = self._outputs(out_node, env, placeholders)
+        self.prog = self._program(gp.name, tpl, len(vals), len(scal), steps, prog_outs,
+                                  out_avals)
+
+    def _walk(self, gm, placeholders):
+        """Each graph node's ref (``env``), the device steps ``(plan, input refs, floats,
+        random)`` and the output node."""
+        env: dict = {node: Ref(Kind.IN, i) for i, node in enumerate(placeholders)}
+        steps: list = []
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
-                out_node = node
-                break
+                return env, steps, node
             if node.op == "get_attr":
                 env[node] = self._constant(getattr(gm, node.target))
-                continue
-            if node.target is operator.getitem:
+            elif node.target is operator.getitem:
                 src, idx = node.args
-                env[node] = ("get", env[src], idx)
-                continue
-            if is_check(node):
+                env[node] = Ref(Kind.GET, env[src], idx)
+            elif is_check(node):
                 self.checks.append(check_entry(node, env))
-                env[node] = ("py", check_result(node))
-                continue
-            if node.target in _flex.HOPS:
-                env[node] = ("node", len(steps))
+                env[node] = Ref(Kind.PY, check_result(node))
+            elif node.target in _flex.HOPS:
+                env[node] = Ref(Kind.NODE, len(steps))
                 try:
                     steps.append(_flex.step(node, env, self))
                 except Exception as ex:  # eagerly, the HOP's tpu rule runs it
                     raise Unsupported(f"{node.name}: {type(ex).__name__}: {ex}") from ex
-                continue
-            if node.target is _COPY_ and node.args[0].op == "placeholder":
+            elif node.target is _COPY_ and node.args[0].op == "placeholder":
                 env[node] = self._input_mutation(node, env, steps)
-                continue
-            host = self._host_node(node, env)
-            if host is not None:
+            else:
+                host = self._host_node(node, env)
+                if host is None:
+                    host = Ref(Kind.NODE, len(steps))
+                    steps.append(self._step(node, env))
                 env[node] = host
-                continue
-            env[node] = ("node", len(steps))
-            steps.append(self._step(node, env))
-        consts = self.consts
-        self.n_random = sum(1 for s in steps if s[3])
-        # Graph outputs: the prog's outputs (tensors made on the device), the inputs
-        # themselves (returned as they are: exact aliasing), host values, constants.
+        return env, steps, None
+
+    def _outputs(self, out_node, env, placeholders):
+        """``self.outs`` (how each graph output is made), ``self.muts``, ``self.check_outs``;
+        returns the refs of the program's outputs and their (shape, dtype)s.
+
+        Graph outputs: the prog's outputs (tensors made on the device), the inputs
+        themselves (returned as they are: exact aliasing), host values, constants."""
         self.outs = []
         prog_outs = []  # refs of the program's outputs, in order
         out_avals = []  # their (shape, dtype)
@@ -201,12 +199,12 @@ class _GraphPlan:
             return len(prog_outs) - 1
 
         for o in out_node.args[0]:
-            ref = env.get(o) if isinstance(o, torch.fx.Node) else ("py", o)
+            ref = env.get(o) if isinstance(o, torch.fx.Node) else Ref(Kind.PY, o)
             if o in self.copied:  # the mutated input itself
-                ref = ("in", self.copied[o])
-            if ref[0] == "in":
-                self.outs.append(("input", ref[1]))
-            elif self._is_host(ref) or ref[0] in ("cpu", "py"):
+                ref = Ref(Kind.IN, self.copied[o])
+            if ref.kind is Kind.IN:
+                self.outs.append(("input", ref.at))
+            elif self._is_host(ref) or is_literal(ref):
                 self.outs.append(("host", ref))
             else:
                 v = meta_val(o)
@@ -221,8 +219,12 @@ class _GraphPlan:
         for _, ref, info, _, _ in self.checks:
             spec = self._spec(meta_val(info))
             self.check_outs.append((prog_out(ref, spec), spec))
-        out_avals = tuple(out_avals)
-        n_c, n_h = len(consts), len(self.host_inputs)
+        return prog_outs, tuple(out_avals)
+
+    def _program(self, name, tpl, n_arr, n_f, steps, prog_outs, out_avals) -> Prog:
+        """The graph's Prog: ``graph_fn(*arrays, *consts, *host values, *floats, *host
+        scalars, *runtime scalars, *seeds)`` runs the steps and returns ``prog_outs``."""
+        n_c, n_h = len(self.consts), len(self.host_inputs)
         n_in = n_arr + n_c + n_h
         n_hs, n_hi = len(self.host_scalars), len(self.host_rt)
         hs_dtypes = [dt for _, dt in self.host_scalars]
@@ -230,8 +232,6 @@ class _GraphPlan:
 
         def graph_fn(*flat):
             inputs = rebuild(tpl, iter(flat[:n_arr]), iter(flat[n_in:n_in + n_f]))
-            const_vals = flat[n_arr:n_arr + n_c]
-            host_vals = flat[n_arr + n_c:n_in]
             o = n_in + n_f
             host_scal = [jnp.asarray(x, dt) for x, dt in zip(flat[o:o + n_hs], hs_dtypes)]
             # NOTE: a runtime float stays as it comes (weak-typed, as in eager)
@@ -239,53 +239,34 @@ class _GraphPlan:
                        for x, i in zip(flat[o + n_hs:o + n_hs + n_hi], rt_ints)]
             seeds = iter(flat[o + n_hs + n_hi:])
             results = []
-
-            def value(ref):
-                kind = ref[0]
-                if kind == "in":
-                    return inputs[ref[1]]
-                if kind == "node":
-                    return results[ref[1]]
-                if kind == "const":
-                    return const_vals[ref[1]]
-                if kind == "hostv":
-                    return host_vals[ref[1]]
-                if kind == "hosts":
-                    return host_scal[ref[1]]
-                if kind == "hostr":
-                    return host_rt[ref[1]]
-                if kind == "get":
-                    return value(ref[1])[ref[2]]
-                return ref[1]  # "py": a Python value
-
+            # indexed by Kind: IN, NODE, HOST (none here), HOSTV, HOSTS, HOSTR, CONST
+            tables = (inputs, results, None, flat[n_arr + n_c:n_in], host_scal, host_rt,
+                      flat[n_arr:n_arr + n_c])
             for plan, refs, floats, random in steps:
-                ins = [value(r) for r in refs]
-                floats = [value(f.ref) if type(f) is Slot else f for f in floats]
+                ins = [value(r, tables) for r in refs]
+                floats = [value(f.ref, tables) if type(f) is Slot else f for f in floats]
                 extra = [next(seeds)] if random else []
                 results.append(structure(plan, plan.prog.fn(*ins, *floats, *extra)))
-            return tuple(value(r) for r in prog_outs)
+            return tuple(value(r, tables) for r in prog_outs)
 
         kinds = ("f",) * (n_f + n_hs) + tuple(k for _, k in self.host_rt) + (
             ("i",) * self.n_random)
-        self.prog = Prog(gp.name, graph_fn, kinds, out_avals,
-                         desc=f"{len(steps)} ops", op=None)
-        self.prog.graph = True
+        prog = Prog(name, graph_fn, kinds, out_avals, desc=f"{len(steps)} ops", op=None)
+        prog.graph = True
+        return prog
 
     # ---- building ----------------------------------------------------------------------
 
     def _constant(self, value):
         if isinstance(value, TpuTensor):
             self.consts.append(concrete(value))
-            return ("const", len(self.consts) - 1)
+            return Ref(Kind.CONST, len(self.consts) - 1)
         if isinstance(value, torch.Tensor):
-            return ("cpu", value)
-        return ("py", value)
+            return Ref(Kind.CPU, value)
+        return Ref(Kind.PY, value)
 
-    def _is_host(self, ref) -> bool:
-        kind = ref[0]
-        if kind == "get":
-            return self._is_host(ref[1])
-        return kind in ("host", "cpu", "py") or (kind == "in" and ref[1] in self.host_in)
+    def _is_host(self, ref: Ref) -> bool:
+        return is_host(ref, self.host_in)
 
     def _spec(self, v) -> tuple:
         """A tensor node value's (shape, stride, dtype, 0), symbols made concrete."""
@@ -299,7 +280,7 @@ class _GraphPlan:
         constant when its inputs are constants; None for a device node."""
         v = meta_val(node)
         if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) and self._is_static(v):
-            return ("py", concretize(v, self.subs))
+            return Ref(Kind.PY, concretize(v, self.subs))
         flat = v if isinstance(v, (list, tuple)) else [v]
         if any(is_tpu_meta(x) for x in flat):
             return None
@@ -312,16 +293,16 @@ class _GraphPlan:
 
         args = torch.fx.node.map_aggregate(node.args, ref)
         kwargs = torch.fx.node.map_aggregate(node.kwargs, ref)
-        if all(env[a][0] in ("cpu", "py") for a in ins):
-            return ("cpu", node.target(*_host_args(args, {}, ()), **_host_args(kwargs, {}, ())))
+        if all(is_literal(env[a]) for a in ins):
+            return Ref(Kind.CPU, node.target(*_host_args(args, ()), **_host_args(kwargs, ())))
         self.host_steps.append((node.target, args, kwargs))
-        return ("host", len(self.host_steps) - 1)
+        return Ref(Kind.HOST, len(self.host_steps) - 1)
 
     def _input_mutation(self, node, env, steps):
         """``copy_(input i, src)``: the ref of i's new value (what later nodes read), kept
         to be written into input i after the program (``call``)."""
         dst, src = node.args[0], node.args[1]
-        i = env[dst][1]
+        i = env[dst].at
         self.copied[node] = i
         if not isinstance(src, torch.fx.Node):
             raise Unsupported(f"{node.name} copies a non-tensor into an input")
@@ -335,7 +316,7 @@ class _GraphPlan:
         if not (is_tpu_meta(sv) and self._spec(sv)[0] == self._spec(dv)[0]
                 and sv.dtype == dv.dtype):
             # a cast, a broadcast or a host value: aten.copy makes the new value
-            sref = ("node", len(steps))
+            sref = Ref(Kind.NODE, len(steps))
             steps.append(self._step(node, env, op=torch.ops.aten.copy.default))
         self.mut_refs.append((i, sref))
         return sref
@@ -348,10 +329,10 @@ class _GraphPlan:
             dtype = spec[2]
             if spec[0] == () and (dtype.is_floating_point or dtype is torch.bool):
                 self.host_scalars.append((ref, _dtypes.to_jax(dtype)))
-                slot = ("hosts", len(self.host_scalars) - 1)
+                slot = Ref(Kind.HOSTS, len(self.host_scalars) - 1)
             else:
                 self.host_inputs.append(ref)
-                slot = ("hostv", len(self.host_inputs) - 1)
+                slot = Ref(Kind.HOSTV, len(self.host_inputs) - 1)
             self._host_slot[ref] = slot
         return slot
 
@@ -361,16 +342,16 @@ class _GraphPlan:
         slot = self._host_slot.get(ref)
         if slot is None:
             self.host_rt.append((ref, kind))
-            slot = self._host_slot[ref] = ("hostr", len(self.host_rt) - 1)
+            slot = self._host_slot[ref] = Ref(Kind.HOSTR, len(self.host_rt) - 1)
         return slot
 
     def device_ref(self, a, env):
         """The program's ref of tensor node ``a``: a CPU constant moves to the device once,
         a host value enters as an input (a custom step's argument: ``_flex``)."""
         ref = env[a]
-        if ref[0] == "cpu":
-            self.consts.append(host_to_device(ref[1]))
-            return ("const", len(self.consts) - 1)
+        if ref.kind is Kind.CPU:
+            self.consts.append(host_to_device(ref.at))
+            return Ref(Kind.CONST, len(self.consts) - 1)
         return self._host_ref(ref, self._spec(meta_val(a))) if self._is_host(ref) else ref
 
     def _step(self, node, env, op=None):
@@ -384,8 +365,8 @@ class _GraphPlan:
         def abstract(a):
             if isinstance(a, torch.fx.Node):
                 ref = env[a]
-                if ref[0] in ("cpu", "py"):
-                    return ref[1]
+                if is_literal(ref):
+                    return ref.at
                 v = meta_val(a)
                 if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
                     if self._is_static(v):
@@ -439,7 +420,7 @@ class _GraphPlan:
                 refs.append(abstract_refs[id(v)][1])
             else:  # a CPU tensor argument, moved to the device once
                 self.consts.append(v)
-                refs.append(("const", len(self.consts) - 1))
+                refs.append(Ref(Kind.CONST, len(self.consts) - 1))
         return plan, tuple(refs), tuple(scal), e.random
 
     # ---- running -----------------------------------------------------------------------
@@ -453,12 +434,13 @@ class _GraphPlan:
 
     def _call(self, args, vals, scal):
         host: list = []
+        tables = (args, None, host)  # ``refs.value`` on the host: IN, NODE (none), HOST
         for op, a, kw in self.host_steps:
-            host.append(op(*_host_args(a, host, args), **_host_args(kw, host, args)))
-        hv = [host_to_device(_host_value(r, host, args)) for r in self.host_inputs]
+            host.append(op(*_host_args(a, tables), **_host_args(kw, tables)))
+        hv = [host_to_device(value(r, tables)) for r in self.host_inputs]
         inputs = vals + self.consts + hv
-        hs = [float(_host_value(r, host, args)) for r, _ in self.host_scalars]
-        hs += [int(_host_value(r, host, args)) if k == "i" else float(_host_value(r, host, args))
+        hs = [float(value(r, tables)) for r, _ in self.host_scalars]
+        hs += [int(value(r, tables)) if k == "i" else float(value(r, tables))
                for r, k in self.host_rt]
         scal = scal + hs + [_rng.next_seed() for _ in range(self.n_random)]
         # NOTE: only defer flushes count misses; flush_pending is a no-op in other modes
@@ -483,7 +465,7 @@ class _GraphPlan:
             elif kind == "input":
                 res.append(args[o[1]])
             else:
-                res.append(_host_value(o[1], host, args))
+                res.append(value(o[1], tables))
         # NOTE: after the outputs are tensors: reading a check's value flushes the trace
         # (defer), which materializes only values that live tensors hold.
         for i, k in self.muts:
@@ -491,7 +473,7 @@ class _GraphPlan:
             write(t, outs[k])
             torch.autograd.graph.increment_version(t)  # as the in-place copy_ does
         for i, ref in self.host_muts:
-            args[i].copy_(_host_value(ref, host, args))
+            args[i].copy_(value(ref, tables))
         infos = [new_tensor(outs[k], spec) for k, spec in self.check_outs]
         if alone:
             flush_pending(ALONE)

@@ -7,6 +7,7 @@ import torch
 
 from .._base.tensor import TpuTensor
 from .._ops.args import _TRACING_TYPES, walk
+from .refs import value
 
 
 class _GraphEntry:
@@ -32,19 +33,8 @@ def _input_key(a, vals: list, scal: list):
     return walk(_ENTRY, a, vals, scal, True)
 
 
-def _host_value(ref, host, args):
-    kind = ref[0]
-    if kind == "host":
-        return host[ref[1]]
-    if kind == "in":
-        return args[ref[1]]
-    if kind == "get":
-        return _host_value(ref[1], host, args)[ref[2]]
-    return ref[1]  # "cpu" / "py"
-
-
 class _HostRef:
-    """A node value in a host step's arguments."""
+    """A node value (its ``refs.Ref``) in a host step's arguments."""
 
     __slots__ = ("ref",)
 
@@ -52,12 +42,12 @@ class _HostRef:
         self.ref = ref
 
 
-def _host_args(a, host, args):
-    """Host-step arguments: refs replaced by their values."""
+def _host_args(a, tables):
+    """Host-step arguments: refs replaced by their values (``refs.value``'s ``tables``)."""
     if type(a) is _HostRef:
-        return _host_value(a.ref, host, args)
+        return value(a.ref, tables)
     if isinstance(a, (list, tuple)):
-        return type(a)(_host_args(x, host, args) for x in a)
+        return type(a)(_host_args(x, tables) for x in a)
     if isinstance(a, dict):
-        return {k: _host_args(v, host, args) for k, v in a.items()}
+        return {k: _host_args(v, tables) for k, v in a.items()}
     return a

@@ -37,7 +37,6 @@ both: collectives, compiled graphs and SPMD marks too).
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
 from . import xla as _xla
+from .program import build_fn, hash_hex, needed, scalar_struct
 from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
 
 LOCK = threading.RLock()
@@ -225,65 +225,6 @@ def live_output_values(tr: Trace) -> list[Pending]:
     return [st.value for st, _ in _live_outputs(tr)[0]]
 
 
-def _needed(tr: Trace, out_refs) -> list:
-    need = [False] * len(tr.nodes)
-    for r in out_refs:
-        need[r >> _SHIFT] = True
-    for n in range(len(tr.nodes) - 1, -1, -1):
-        if need[n]:
-            for r in tr.refs[n]:
-                if r >= 0:
-                    need[r >> _SHIFT] = True
-    return need
-
-
-def _build_fn(tr: Trace, out_refs, donate_mask, slots=None):
-    """The flush's program: ``fn(donated, kept, scal)``, ``scal`` the weak-typed float64
-    vector of the scalars' slots (``slots[i]``: scalar ``i``'s slot; None: slot ``i``)."""
-    nodes = list(tr.nodes)
-    refs = list(tr.refs)
-    need = _needed(tr, out_refs)
-    n_leaves = len(tr.leaves)
-    # Scalar slots per node.
-    node_slots, o = [], 0
-    for p in nodes:
-        k = len(p.scalar_kinds)
-        node_slots.append(tuple(range(o, o + k)) if slots is None
-                          else tuple(int(x) for x in slots[o:o + k]))
-        o += k
-    donated_pos = [i for i in range(n_leaves) if donate_mask[i]]
-    kept_pos = [i for i in range(n_leaves) if not donate_mask[i]]
-
-    def fn(donated, kept, scal):
-        leaves = [None] * n_leaves
-        for i, a in zip(donated_pos, donated):
-            leaves[i] = a
-        for i, a in zip(kept_pos, kept):
-            leaves[i] = a
-        # NOTE: each slot is read once (and converted to an RNG seed once). ``scal`` is
-        # weak-typed, as a Python float is in PyTorch: f32 * lr stays f32.
-        taken: dict = {}
-        vals = [None] * len(nodes)
-        for n, p in enumerate(nodes):
-            if not need[n]:
-                continue
-            ins = [leaves[-r - 1] if r < 0 else vals[r >> _SHIFT][r & _MASK] for r in refs[n]]
-            sk = p.scalar_kinds
-            if sk:
-                for slot, kind in zip(node_slots[n], sk):
-                    s = taken.get((slot, kind))
-                    if s is None:
-                        s = scal[slot]
-                        if kind == "i":
-                            s = s.astype(np.int64)
-                        taken[(slot, kind)] = s
-                    ins.append(s)
-            vals[n] = p.fn(*ins)
-        return [vals[r >> _SHIFT][r & _MASK] for r in out_refs]
-
-    return fn
-
-
 # A compiled graph whose flushes compiled this many times gets flushes of its own
 # (``isolated``). NOTE: with 2, compiled gpt2/lstm training (whose first two steps differ)
 # ran 4 flushes a step from step 3 on (tests/test_compile_models.py).
@@ -307,23 +248,12 @@ def isolated(prog: Prog) -> bool:
     return prog.flush_misses >= GRAPH_ISOLATE_MISSES
 
 
-def _scalar_struct(n: int):
-    return jax.ShapeDtypeStruct((n,), np.float64, weak_type=True)
-
-
 def _explain(tr: Trace, src: str) -> None:
     """From the first recompile on: nothing is cached only before the first compile."""
     if not _exes.count():
         return
     cached = _exes.recent(32)
     print(explain(tr, src, cached), file=sys.stderr)
-
-
-def _hash_hex(tr: Trace, out_refs, donate_mask) -> str:
-    """The log's name of a compiled flush (``FlushRecord.trace_hash``): the same in every
-    process that records the same ops in the same order. Made once per executable."""
-    key = (tuple(p.uid for p in tr.nodes), tr.refs, tr.leaf_avals, out_refs, donate_mask)
-    return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
 
 
 # ---- flush ----------------------------------------------------------------
@@ -374,7 +304,6 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
     takes new ops, so one bad op does not poison unrelated work (``keep_on_error``: the
     failed trace stays the current one and takes new ops too).
     """
-    global _trace
     with LOCK:
         tr = _trace if trace is None else trace
         if not tr.nodes or tr.done:
@@ -391,85 +320,120 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         hit = exe is not None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
-        compile_s = 0.0
         try:
-            if exe is None:
-                _count_graph_misses(tr)
-                if config.explain_recompile:
-                    _explain(tr, src)
-                first, slots = _exes.scalar_layout(scal)
-                fn = _build_fn(tr, out_refs, donate_mask, slots)
-                n_slots = len(scal) if first is None else len(first)
-                args = (donated, kept, _scalar_struct(n_slots))
-                compiled, mem, compile_s, upgrade = _xla.compile_program(
-                    fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
-                    else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
-                out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
-                exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,
-                                trace_hash=_hash_hex(tr, out_refs, donate_mask))
-                _exes.insert(key, exe)
-                if upgrade is not None:
-                    upgrade.arm(exe.install_from(compiled))
-                _history["compiles"] += 1
-            else:
-                exe.hits += 1
-                COUNTERS["cache_hits"] += 1
-            live_before = memory._state["live"]
-            t0 = time.perf_counter()
-            # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
-            # there), never at a call: no warning filter here (~0.2 ms a flush).
-            with _X64(True):
-                results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
-                    donated, kept, exe.scalar_input(scal))
-            exec_s = time.perf_counter() - t0
-            if donated:
-                memory.untrack(donated)
+            exe, compile_s = _compile_for(tr, exe, key, scal, out_refs, donate_mask,
+                                          (donated, kept), runner, src)
+            results, exec_s, live_before = _execute(exe, donated, kept, scal)
         except KeyboardInterrupt:
             raise
         except Exception as e:
-            if tr is _trace and not keep_on_error:
-                _trace = Trace()
-            ops = ", ".join(sorted({p.name for p in tr.nodes}))
-            where = ""
-            if tr.srcs:
-                where = "\n  recorded at: " + "\n  ".join(sorted(set(tr.srcs))[:10])
-            raise RuntimeError(
-                f"lazyrt: flushing the pending trace ({len(tr.nodes)} ops: {ops}) failed at "
-                f"{src}: {type(e).__name__}: {e}{where}\nThe pending tensors are intact."
-            ) from e
-        # Materialize: from here on nothing may fail.
-        memory.track_outputs(results, exe.out_nbytes)
+            if not keep_on_error:
+                _replace_current(tr)
+            raise _flush_error(tr, src, e) from e
         del donated, kept
-        if tr is _trace:
-            _trace = Trace()
-        tr.done = True
-        for st, k in outs:
-            res = results[k]
-            st.value.result = res
-            st.value = res
-        n_ops = len(tr.nodes)
-        COUNTERS["flushes"] += 1
-        COUNTERS["executions"] += 1
-        COUNTERS["execute_seconds"] += exec_s
-        if n_ops > COUNTERS["max_trace_ops"]:
-            COUNTERS["max_trace_ops"] = n_ops
-        _history["flushes"] += 1
-        memory.record_execution(
-            mode="defer", name=reason, trace_hash=exe.trace_hash, num_ops=n_ops, cache_hit=hit,
-            compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
-            live_before=live_before, source=src, largest=exe.largest, t_start=t_start)
-        if config.mode == "debug":
-            for r in results:
-                r.block_until_ready()
+        _materialize(tr, outs, results, exe)
+        _account(tr, exe, results, reason, src, hit, compile_s, exec_s, live_before, t_start)
     # NOTE: a fusion window's segment (``keep_on_error``, ``_cut``) runs asynchronously and
     # is no sync point: its asserts are read at the next real flush.
     if not keep_on_error:
         _asserts.check()
 
 
+def _replace_current(tr: Trace) -> None:
+    """The one place the current trace is swapped: if ``tr`` is it (it ran, or its flush
+    failed), a fresh trace takes new ops."""
+    global _trace
+    if tr is _trace:
+        _trace = Trace()
+
+
+def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runner, src):
+    """``(executable, compile seconds)`` for the flush of ``tr``: ``exe``, the cache's hit,
+    or (None) a new one compiled for ``arrays`` (donated, kept) and cached under ``key``."""
+    if exe is not None:
+        exe.hits += 1
+        COUNTERS["cache_hits"] += 1
+        return exe, 0.0
+    _count_graph_misses(tr)
+    if config.explain_recompile:
+        _explain(tr, src)
+    first, slots = _exes.scalar_layout(scal)
+    fn = build_fn(tr, out_refs, donate_mask, slots)
+    n_slots = len(scal) if first is None else len(first)
+    args = (*arrays, scalar_struct(n_slots))
+    compiled, mem, compile_s, upgrade = _xla.compile_program(
+        fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
+        else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
+    out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
+    exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,
+                    trace_hash=hash_hex(tr, out_refs, donate_mask))
+    _exes.insert(key, exe)
+    if upgrade is not None:
+        upgrade.arm(exe.install_from(compiled))
+    _history["compiles"] += 1
+    return exe, compile_s
+
+
+def _execute(exe, donated: list, kept: list, scal):
+    """Run ``exe``: ``(results, execute seconds, live bytes before)``; the donated
+    arrays are no longer counted as live."""
+    live_before = memory._state["live"]
+    t0 = time.perf_counter()
+    # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
+    # there), never at a call: no warning filter here (~0.2 ms a flush).
+    with _X64(True):
+        results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
+            donated, kept, exe.scalar_input(scal))
+    exec_s = time.perf_counter() - t0
+    if donated:
+        memory.untrack(donated)
+    return results, exec_s, live_before
+
+
+def _flush_error(tr: Trace, src: str, e: Exception) -> RuntimeError:
+    """The error a failed flush raises: the trace's ops and source lines."""
+    ops = ", ".join(sorted({p.name for p in tr.nodes}))
+    where = ""
+    if tr.srcs:
+        where = "\n  recorded at: " + "\n  ".join(sorted(set(tr.srcs))[:10])
+    return RuntimeError(
+        f"lazyrt: flushing the pending trace ({len(tr.nodes)} ops: {ops}) failed at "
+        f"{src}: {type(e).__name__}: {e}{where}\nThe pending tensors are intact.")
+
+
+def _materialize(tr: Trace, outs, results, exe) -> None:
+    """Hand the results to the live storages; ``tr`` is done. Nothing here may fail."""
+    memory.track_outputs(results, exe.out_nbytes)
+    _replace_current(tr)
+    tr.done = True
+    for st, k in outs:
+        res = results[k]
+        st.value.result = res
+        st.value = res
+
+
+def _account(tr: Trace, exe, results, reason, src, hit, compile_s, exec_s, live_before,
+             t_start) -> None:
+    """The flush's counters and log record (debug mode: wait for its results)."""
+    n_ops = len(tr.nodes)
+    COUNTERS["flushes"] += 1
+    COUNTERS["executions"] += 1
+    COUNTERS["execute_seconds"] += exec_s
+    if n_ops > COUNTERS["max_trace_ops"]:
+        COUNTERS["max_trace_ops"] = n_ops
+    _history["flushes"] += 1
+    memory.record_execution(
+        mode="defer", name=reason, trace_hash=exe.trace_hash, num_ops=n_ops, cache_hit=hit,
+        compile_seconds=compile_s, execute_seconds=exec_s, analysis=exe.mem,
+        live_before=live_before, source=src, largest=exe.largest, t_start=t_start)
+    if config.mode == "debug":
+        for r in results:
+            r.block_until_ready()
+
+
 def needed_for(tr: Trace, pendings) -> list:
     refs = [(p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr]
-    return _needed(tr, refs)
+    return needed(tr, refs)
 
 
 def hlo_text(tr: Trace, pendings) -> str:
@@ -479,10 +443,10 @@ def hlo_text(tr: Trace, pendings) -> str:
     mask = tuple(False for _ in tr.leaves)
     scal = np.asarray(tr.scalars, dtype=np.float64)
     first, slots = _exes.scalar_layout(scal)
-    fn = _build_fn(tr, refs, mask, slots)
+    fn = build_fn(tr, refs, mask, slots)
     n_slots = len(scal) if first is None else len(first)
     with _X64(True):
-        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), _scalar_struct(n_slots)))
+        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), scalar_struct(n_slots)))
     return lowered.as_text()
 
 

@@ -34,6 +34,17 @@ a fresh ``cat`` result does (contiguous, storage offset 0), and ops that address
 its end reports the buffer's strides and offset (the price of its fixed program). Every
 other read derives the ``m`` elements as from any view. Floating tensors are buffered only
 with gradients off (inference: a KV cache): a training step's tensors keep exact storage.
+
+The rules are consulted by the handlers of the ops they bend, not through one entry point
+here: ``handlers.view`` (``window``), ``handlers._check_storage_bounds`` and
+``handlers.restride`` (``storage_numel``, ``storage_root``), ``special.to_copy`` (a cast),
+``special.cat`` (the append), ``special.constant_pad_nd`` (``pad_right``) and
+``special.sdpa_fused`` (``sdpa_keys``). One entry point would have to make the ops'
+results (``handlers.functional``), and ``handlers`` imports this module: an import
+circle. A dispatch on the op in front of them would add a lookup to the hot ``view`` path,
+which its ``base._chain is not None and e.packet in _WINDOWS`` test now skips for every
+plain tensor. So each call site tests cheaply whether its tensor can be a grown one and
+keeps the op's own path otherwise; this module computes only what the rules decide.
 """
 from __future__ import annotations
 
