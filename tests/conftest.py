@@ -1,17 +1,23 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# NOTE: the tests never read or fill a persistent compile cache (the user's or a shared
-# one): off for this process and the subprocesses it starts, which inherit this; the
-# cache's own tests give their processes a directory each (tests/test_compile_cache.py).
-os.environ["LAZYRT_CACHE_DIR"] = "off"
+# NOTE: the tests run with the persistent compile cache on, as users do, but never with the
+# user's (or any shared) one: a fresh directory per test process, inherited by the
+# subprocesses it starts and deleted at its exit. The cache's own tests give their
+# processes a directory each (tests/test_compile_cache.py).
+_CACHE = tempfile.mkdtemp(prefix="lazyrt-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ["LAZYRT_CACHE_DIR"] = _CACHE
 
-import pytest
+import pytest  # noqa: E402
 
-import lazyrt
+import lazyrt  # noqa: E402
 
 # (also when lazyrt was imported before this file, e.g. by a plugin, and read another dir)
-lazyrt.config.cache_dir = "off"
+lazyrt.config.cache_dir = _CACHE
 
 MODES = ["strict", "defer"]
 
