@@ -61,6 +61,13 @@ SPLIT = lazyrt.jax_op("lazyrt_test::split_stats", _split_stats, static=("k",), n
 TAKE = lazyrt.jax_op("lazyrt_test::take_rows", _take_rows)
 
 
+def _scale_add(x, y, s: float = 2.0):
+    return x * s + y
+
+
+SCALE_ADD = lazyrt.jax_op("lazyrt_test::scale_add", _scale_add, static=("s",), donate=("x",))
+
+
 def _leaves(*ts):
     cpu = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in ts]
     tpu = [t.detach().to("tpu").requires_grad_(t.is_floating_point()) for t in ts]
@@ -213,6 +220,32 @@ def test_bad_declarations_are_named():
     op = lazyrt.jax_op("lazyrt_test::bad4", lambda x: (x, x))  # returns 2, declared 1
     with pytest.raises(ValueError, match="returned 2 arrays, num_outputs=1"):
         op(torch.randn(2, device="tpu"))
+
+
+def test_a_donated_argument_is_given_up(mode):
+    """``donate=("x",)``: the result is right, x's buffer goes to XLA (reading x afterwards
+    raises, and the call adds no live bytes: the result may live in x's buffer); a view, a
+    tensor passed twice or an input that requires grad is not given up."""
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    x, y = a.to("tpu"), b.to("tpu")
+    lazyrt.sync()
+    before = torch.tpu.memory_allocated()
+    out = SCALE_ADD(x, y, 3.0)
+    lazyrt.sync()
+    assert torch.tpu.memory_allocated() == before
+    assert_close(out.cpu(), a * 3.0 + b)
+    with pytest.raises(RuntimeError, match="deleted"):
+        x.cpu()
+    assert_close(y.cpu(), b)
+    v = y[:, :16]  # a view: its base stays
+    assert_close(SCALE_ADD(v, v, 1.0).cpu(), b[:, :16] * 2.0)
+    assert_close(v.cpu(), b[:, :16])
+    assert_close(SCALE_ADD(y, y, 1.0).cpu(), b * 2.0)  # passed twice
+    assert_close(y.cpu(), b)
+    g = a.to("tpu").requires_grad_()
+    SCALE_ADD(g, y, 3.0).sum().backward()
+    assert_close(g.grad.cpu(), torch.full_like(a, 3.0))
+    assert_close(g.detach().cpu(), a)
 
 
 def test_a_pallas_kernel_as_an_op(mode):

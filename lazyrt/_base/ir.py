@@ -28,7 +28,7 @@ def aval_nbytes(shape, dtype) -> int:
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
-                 "direct")
+                 "direct", "donate")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -58,6 +58,8 @@ class Prog:
         # yet, False: compiled instead) and how often it was made there
         self.host = None
         self.host_calls = 0
+        # positions of array inputs the executable may reuse (``jax_op``'s ``donate``)
+        self.donate = ()
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

@@ -289,11 +289,13 @@ def _donation_mask(tr: Trace) -> tuple:
     # NOTE: donate a leaf only if its storage was overwritten in this trace and nothing
     # but the trace still references the array (refcount: the leaves list, the loop
     # variable and getrefcount's argument).
-    ow = tr.overwritten
-    if not ow:
+    # A leaf an op declared donated (``lazyrt.jax_op(donate=...)``) is donated whoever
+    # else holds it: the caller gave its buffer up.
+    ow, dc = tr.overwritten, tr.declared
+    if not ow and not dc:
         return (False,) * len(tr.leaves)
     getrefcount = sys.getrefcount
-    return tuple([id(a) in ow and getrefcount(a) <= 3 for a in tr.leaves])
+    return tuple([(id(a) in ow and getrefcount(a) <= 3) or id(a) in dc for a in tr.leaves])
 
 
 def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool = False) -> None:

@@ -36,7 +36,16 @@ _compiled: collections.OrderedDict = collections.OrderedDict()
 
 
 def _compile(prog: Prog, arrays, scalars):
-    exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars), tiered=True)
+    if prog.donate:
+        # NOTE: called through JAX's own call (``direct`` fixed to it), which marks donated
+        # arrays deleted; never tiered (no second executable to swap in)
+        exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars),
+                                                 donate_argnums=prog.donate)
+        upgrade = None
+        prog.direct = (exe, None, None)
+    else:
+        exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars),
+                                                          tiered=True)
     prog.exe, prog.mem = exe, mem
     _compiled[prog] = None
     while len(_compiled) > config.strict_cache_size:

@@ -16,7 +16,8 @@ _MASK = (1 << _SHIFT) - 1
 
 class Trace:
     __slots__ = ("nodes", "refs", "leaves", "leaf_index", "leaf_avals", "scalars",
-                 "storages", "overwritten", "done", "srcs", "cuttable", "__weakref__")
+                 "storages", "overwritten", "declared", "done", "srcs", "cuttable",
+                 "__weakref__")
 
     def __init__(self):
         self.nodes: list[Prog] = []  # Prog per node
@@ -28,6 +29,7 @@ class Trace:
         # id(storage) -> weak ref, for each storage that got a pending value of this trace
         self.storages: dict = {}
         self.overwritten: set = set()  # ids of leaves whose storage was overwritten here
+        self.declared: set = set()  # ids of leaves an op declared donated (``jax_op``)
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
         self.cuttable = True  # False once a fusion-window cut of it failed

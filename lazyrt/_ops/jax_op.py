@@ -15,7 +15,8 @@
 * ``in_specs``/``out_specs`` (``jax.sharding.PartitionSpec``s) with ``mesh``: ``fn`` runs
   under ``shard_map`` on that mesh, per shard;
 * a JAX exception raised by ``fn`` names the op and the user's call site; a CPU tensor
-  among the arguments gets PyTorch's device-mismatch error.
+  among the arguments gets PyTorch's device-mismatch error;
+* ``donate``: arguments the caller gives up, donated to XLA (``_donating``).
 
 Arguments of ``fn``: every parameter not named in ``static`` is a tensor (a ``jax.Array``
 inside ``fn``); static parameters are Python values (int, float, bool, str, or a
@@ -26,13 +27,21 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 
 import jax
 import torch
 
 from .._base import dtypes as _dtypes
+from .._base import memory
+from .._base.ir import Pending, Prog
 from .._base.source import user_line
+from .._base.tensor import TpuTensor
+from .._exec import defer as _defer
+from .._exec.values import new_tensor, run
 from ..lowering._registry import LOWERINGS, Lowering
+from .handlers import functional, plan_for
+from .resolve import set_special
 
 __all__ = ["jax_op"]
 
@@ -207,9 +216,8 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
     op (``torch.ops.ns.op``: arguments by position or name, static defaults from the schema).
     Module docstring: the rest.
 
-    ``donate``: tensor arguments whose buffers the op may reuse; lazyrt's defer flush
-    already donates every buffer a trace overwrites and nothing else references, so this is
-    accepted (checked against the signature) as a declaration only.
+    ``donate``: names of tensor arguments whose buffers the op may reuse for its results
+    (``_donating``): the caller gives them up, and reading one afterwards raises.
     """
     if "::" not in name:
         raise ValueError(f"lazyrt.jax_op: name must be 'namespace::op', got {name!r}")
@@ -257,12 +265,64 @@ def jax_op(name: str, fn, *, static=(), donate=(), backward=None, num_outputs: i
         return res[0] if n_out == 1 else res
 
     lib._register_fake(short, fake)
+    if donate:
+        set_special(op, _donating(tuple((sig.names.index(d), d) for d in donate)))
     _register_backward(lib, ns, short, op, fn, backward, sig, mask, n_out, mesh, in_specs,
                        out_specs)
     return getattr(getattr(torch.ops, ns), short)
 
 
 _LIBS: dict[str, torch.library.Library] = {}
+# plan -> {donated input positions: its donating Prog}
+_DONATING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _donating(declared: tuple):
+    """The handler of an op with donated arguments (``declared``: (position, name) pairs).
+
+    A donated argument that is a whole tensor (not a view), passed once, in a call whose
+    inputs need no grad (an autograd link would save them for its backward) is
+    handed to XLA as donated: strict compiles the op's executable with the buffer donated
+    (XLA may write a result into it) and the array is deleted by the call; defer marks it
+    donated to the flush's program. Either way reading the tensor afterwards raises
+    (``Array has been deleted``). Everything else runs as a plain call."""
+
+    def handler(e, args, kwargs):
+        # NOTE: an autograd link saves the op's inputs for its backward (and runs the op
+        # under no_grad, so grad mode says nothing here): nothing is given up when any
+        # input requires grad
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return functional(e, args, kwargs)
+        plan, vals, scal = plan_for(e, args, kwargs)
+        idx = []
+        for pos, name in declared:
+            t = args[pos] if pos < len(args) else kwargs.get(name)
+            if type(t) is not TpuTensor or t._chain is not None:
+                continue
+            v = t._st.value
+            at = [j for j, x in enumerate(vals) if x is v]
+            if len(at) == 1:  # passed once: a buffer passed twice cannot be given up
+                idx.append(at[0])
+        if not idx:
+            return functional(e, args, kwargs)
+        idx = tuple(sorted(idx))
+        progs = _DONATING.setdefault(plan, {})
+        prog = progs.get(idx)
+        if prog is None:
+            p = plan.prog
+            prog = progs[idx] = Prog(p.name, p.fn, p.scalar_kinds, p.out_avals,
+                                     desc=f"{p.desc}, donated inputs {idx}", op=p.op)
+            prog.donate = idx
+        outs = run(prog, vals, scal)
+        given = [vals[j] for j in idx if type(vals[j]) is not Pending]
+        if type(outs[0]) is Pending:
+            _defer.current().declared.update(id(a) for a in given)
+        elif given:
+            memory.untrack(given)
+        res, _ = plan.layout.wrap_fresh(outs, new_tensor)
+        return res[0] if e.n_returns == 1 else tuple(res)
+
+    return handler
 
 
 def _library(ns: str) -> torch.library.Library:
