@@ -196,6 +196,17 @@ def test_programs_that_drop_an_unused_argument_are_apart_by_its_shape(tmp_path):
         assert len([f for f in os.listdir(diskcache.directory()) if f.endswith(".exe")]) >= 2
 
 
+def test_a_cache_dir_that_cannot_be_made_warns_and_runs_without(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    x = torch.randn(9)
+    with lazyrt.set_mode("strict"), _compile_mode("full", str(blocker / "cache")):
+        with pytest.warns(RuntimeWarning, match="cannot be created"):
+            got = torch.cosh(x.to("tpu") * 0.25).cpu()
+        assert diskcache.directory() is None
+    torch.testing.assert_close(got, torch.cosh(x * 0.25))
+
+
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path):
     prev = lazyrt.config.cache_dir, lazyrt.config.cache_max_mb
     lazyrt.config.cache_dir, lazyrt.config.cache_max_mb = str(tmp_path), 0.25  # 256 KiB

@@ -29,6 +29,7 @@ import os
 import struct
 import threading
 import time
+import warnings
 
 import jax
 
@@ -77,7 +78,8 @@ def environment_key() -> str:
 
 
 def directory() -> str | None:
-    """This environment's entry directory (created on first use), or None when off."""
+    """This environment's entry directory (created on first use), or None when off (or
+    when it cannot be created: then one warning, and the process runs without it)."""
     root = config.cache_dir
     if not root or root.strip().lower() in OFF:  # set in code as ``LAZYRT_CACHE_DIR`` reads
         return None
@@ -86,8 +88,15 @@ def directory() -> str | None:
 
 
 @functools.cache
-def _make_dir(path: str) -> str:
-    os.makedirs(path, mode=0o700, exist_ok=True)
+def _make_dir(path: str) -> str | None:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"lazyrt: the compile cache directory {path!r} cannot be created "
+                      f"({e}); running without a persistent compile cache "
+                      "(LAZYRT_CACHE_DIR names another directory, or 'off')",
+                      RuntimeWarning, stacklevel=2)
+        return None
     return path
 
 
