@@ -110,9 +110,10 @@ def pytest_collection_modifyitems(config, items):
         kept = []
         for key, group in cases.items():
             runnable = [it for it in group if it.get_closest_marker("slow") is None]
-            h = zlib.crc32(key.encode())
-            if runnable and h % every < len(runnable):
-                kept.append(runnable[(h // every) % len(runnable)])
+            h = zlib.crc32(key.encode())  # uniform in [0, 2**32)
+            # (a larger k keeps a subset of what a smaller one keeps)
+            if runnable and h * every < len(runnable) << 32:
+                kept.append(runnable[h % len(runnable)])
         if not kept:  # the first case not already slow
             kept = [it for group in cases.values() for it in group
                     if it.get_closest_marker("slow") is None][:1]

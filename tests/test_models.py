@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import lazyrt
 
-pytestmark = pytest.mark.sweep(every=2)
+pytestmark = pytest.mark.sweep(every=4)
 
 
 class MLP(nn.Module):

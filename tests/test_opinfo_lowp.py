@@ -45,7 +45,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
 
-pytestmark = pytest.mark.sweep(every=2)
+pytestmark = pytest.mark.sweep(every=4)
 
 DTYPES = [getattr(torch, d) for d in
           os.environ.get("LAZYRT_OPINFO_LOWP_DTYPES", "bfloat16,float16").split(",")]
