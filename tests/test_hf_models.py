@@ -11,8 +11,8 @@ A model that does not match names the ATen op that fails: an op that raises name
 itself; otherwise ``_oplocate.locate`` reruns the step comparing every ATen op with the
 CPU on its own inputs and lists those that differ.
 
-The default (CI) run takes about one in 6 of the ``CI_SAMPLE`` cases (``sweep``: a third
-of its architectures, each in one mode); all of them, and every architecture, in both modes
+The default (CI) run takes about one in 9 of the ``CI_SAMPLE`` cases (``sweep``: two
+ninths of its architectures, each in one mode); all of them, and every architecture, in both modes
 run with ``-m slow``:
 
     python -m pytest tests/test_hf_models.py -m slow -n 2
@@ -90,7 +90,7 @@ def _params(names):
     return out
 
 
-@pytest.mark.sweep(every=6)
+@pytest.mark.sweep(every=9)
 @pytest.mark.parametrize("name,mode", _params(CI_SAMPLE))
 def test_hf_model_sample(name, mode):
     check_hf(name, mode)

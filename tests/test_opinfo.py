@@ -5,8 +5,8 @@ For every ``op_db`` entry that supports float32: its sample inputs (the first
 strict and in defer mode; outputs must match in shape, dtype and value. The
 expected failures are listed, each with its reason, in ``opinfo_xfail.py``;
 an entry there that passes fails the run (strict xfail), so the list only shrinks.
-The default run samples the entries (``@pytest.mark.sweep``: one in 12, chosen by a stable
-hash: a sixth of the ops, each in strict or in defer); ``-m slow`` runs the rest.
+The default run samples the entries (``@pytest.mark.sweep``: one in 20, chosen by a stable
+hash: a tenth of the ops, each in strict or in defer); ``-m slow`` runs the rest.
 
 Gradients: the samples of every autograd-capable op (every 4th op; a quarter of those by
 default, the rest with ``-m slow``) must give the same input gradients as CPU autograd: the first
@@ -367,7 +367,7 @@ def test_opinfo_grad(op, mode):
     assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 
-@pytest.mark.sweep(every=12)
+@pytest.mark.sweep(every=20)
 @pytest.mark.parametrize("op,dtype,mode", _ops())
 def test_opinfo(op, dtype, mode):
     samples = op.sample_inputs("cpu", dtype, requires_grad=False)

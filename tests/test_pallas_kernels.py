@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import kernels_pallas as kp
 
-pytestmark = pytest.mark.sweep(every=2)
+pytestmark = pytest.mark.sweep(every=4)
 
 ACCELERATOR = jax.default_backend() in ("gpu", "tpu")
 
