@@ -9,6 +9,8 @@ import torch
 import lazyrt
 from lazyrt import metrics
 
+pytestmark = pytest.mark.sweep(every=2)
+
 MODES = ["strict", "defer"]
 
 

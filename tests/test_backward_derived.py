@@ -3,6 +3,9 @@
 Each derived backward ATen op is called directly on tpu and on the CPU with the same
 arguments (output_mask variants included) and must match PyTorch's CPU kernel; the
 layers that reach them are checked end to end against CPU autograd, in strict and defer.
+
+The default run samples each sweep (``@pytest.mark.sweep``: one case in 4, one in 10 of the
+four largest, each case in one mode); ``-m slow`` runs the rest.
 """
 from __future__ import annotations
 
@@ -16,10 +19,13 @@ from lazyrt.lowering._traced import jax_fn
 
 aten = torch.ops.aten
 
+pytestmark = pytest.mark.sweep(every=4)
+
 
 # ---- the backward ops, called directly ----------------------------------------------------------
 
 
+@pytest.mark.sweep(every=10)
 @pytest.mark.parametrize("name,nd,sizes", [
     ("upsample_linear1d", 1, [(2, 3, 5), (11,)]),
     ("upsample_bilinear2d", 2, [(2, 3, 5, 6), (7, 9)]),
@@ -38,6 +44,7 @@ def test_upsample_backward(mode, name, nd, sizes, align_corners, scaled):
     check_op(op, g, list(out_size), list(in_size), align_corners, *scales)
 
 
+@pytest.mark.sweep(every=10)
 @pytest.mark.parametrize("nd", [2, 3])
 @pytest.mark.parametrize("interp,padding", [(0, 0), (0, 1), (1, 2), (2, 2), (2, 0)])
 @pytest.mark.parametrize("mask", [[True, True], [True, False], [False, True]])
@@ -69,6 +76,7 @@ def test_shrink_backward(mode, op, lambd):
     check_op(op, randn(4, 7, seed=1), x, lambd)
 
 
+@pytest.mark.sweep(every=10)
 @pytest.mark.parametrize("p,margin", [(1, 1.0), (2, 0.7)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("reduction", [0, 1, 2])
@@ -152,6 +160,7 @@ def test_masked_scatter_backward(mode):
     check_op(aten.masked_scatter_backward.default, g, mask, [20])
 
 
+@pytest.mark.sweep(every=10)
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("offsets", [False, True])

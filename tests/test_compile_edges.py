@@ -121,10 +121,14 @@ def test_accelerate_inductor_backend_compiles_tpu_models_with_tpu(mode, monkeypa
     """accelerate's own compile call (what ``TrainingArguments(torch_compile=True)``
     reaches): ``torch.compile(model, backend="inductor")``."""
     accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
     from accelerate.utils import TorchDynamoPlugin
 
     from lazyrt._compile import api
 
+    # NOTE: accelerate's state is process-wide: one that another test in this process made
+    # (tests/test_clients.py) keeps its dynamo plugin and drops this one (nothing compiles)
+    AcceleratorState._reset_state(reset_partial_state=True)
     monkeypatch.setattr(api, "_warned", [])
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))

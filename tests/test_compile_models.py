@@ -21,7 +21,7 @@ def _params(slow: bool):
             for n in FAMILIES if (n in CI_SAMPLE) != slow]
 
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+pytestmark = [pytest.mark.sweep(every=2), pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def _check(family, mode):

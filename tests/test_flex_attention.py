@@ -14,6 +14,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import lazyrt
 
+pytestmark = pytest.mark.sweep(every=2)
+
 B, H, L, E = 2, 2, 128, 16
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

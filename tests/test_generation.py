@@ -9,6 +9,8 @@ logits processors (repetition penalty, no-repeat n-grams, a forced minimum lengt
 Sampling is not compared: random values on tpu come from lazyrt's generator.
 The static cache (compiled by transformers for tpu): Gemma 3, whose sliding-window
 layers roll their cache (also ``test_compile.py``).
+The default run takes about half of the cases, each in one mode (``sweep``; at least one
+case of each test); ``-m slow`` runs the rest.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.sweep(every=4)
 transformers = pytest.importorskip("transformers")
 
 from hf_zoo import ARCHS, VOCAB  # noqa: E402

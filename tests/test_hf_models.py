@@ -11,7 +11,9 @@ A model that does not match names the ATen op that fails: an op that raises name
 itself; otherwise ``_oplocate.locate`` reruns the step comparing every ATen op with the
 CPU on its own inputs and lists those that differ.
 
-``CI_SAMPLE`` runs in the default (CI) run; every architecture runs with ``-m slow``:
+The default (CI) run takes about one in 9 of the ``CI_SAMPLE`` cases (``sweep``: two
+ninths of its architectures, each in one mode); all of them, and every architecture, in both modes
+run with ``-m slow``:
 
     python -m pytest tests/test_hf_models.py -m slow -n 2
 
@@ -88,6 +90,7 @@ def _params(names):
     return out
 
 
+@pytest.mark.sweep(every=9)
 @pytest.mark.parametrize("name,mode", _params(CI_SAMPLE))
 def test_hf_model_sample(name, mode):
     check_hf(name, mode)

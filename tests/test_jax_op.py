@@ -19,6 +19,8 @@ from torch._dynamo.utils import counters
 import lazyrt
 from lazyrt import metrics
 
+pytestmark = pytest.mark.sweep(every=2)
+
 
 def _rms(x, w, eps: float = 1e-6):
     x32 = x.astype(jnp.float32)

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from _util import assert_close, check_op, gen, randn, to_cpu, to_tpu
 
+pytestmark = pytest.mark.sweep(every=10)
+
 aten = torch.ops.aten
 
 

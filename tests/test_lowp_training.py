@@ -23,6 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from _util import assert_close
 
+pytestmark = pytest.mark.sweep(every=4)
+
 # (rtol, atol) for the losses and the parameters after STEPS steps.
 TOL = {torch.bfloat16: (2e-3, 2e-3), torch.float16: (5e-4, 2e-4)}
 STEPS = 4

@@ -829,6 +829,7 @@ def _params():
     return out
 
 
+@pytest.mark.sweep(every=12)  # a sixth of the families, each in one mode; -m slow: the rest
 @pytest.mark.parametrize("family,mode", _params(), indirect=["mode"])
 def test_model_family_matches_cpu(family, mode):
     model_fn, batch_fn, n_inputs, loss_fn, tol = FAMILIES[family]

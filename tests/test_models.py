@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 import lazyrt
 
+pytestmark = pytest.mark.sweep(every=4)
+
 
 class MLP(nn.Module):
     def __init__(self):

@@ -5,13 +5,16 @@ For every ``op_db`` entry that supports float32: its sample inputs (the first
 strict and in defer mode; outputs must match in shape, dtype and value. The
 expected failures are listed, each with its reason, in ``opinfo_xfail.py``;
 an entry there that passes fails the run (strict xfail), so the list only shrinks.
+The default run samples the entries (``@pytest.mark.sweep``: one in 20, chosen by a stable
+hash: a tenth of the ops, each in strict or in defer); ``-m slow`` runs the rest.
 
-Gradients: the samples of every autograd-capable op (every 4th op in CI) must give the
-same input gradients as CPU autograd: the first ``LAZYRT_OPINFO_GRAD_SAMPLES`` of them
-(default: ``LAZYRT_OPINFO_SAMPLES`` when that is set, else 1; 0 = all).
+Gradients: the samples of every autograd-capable op (every 4th op; a quarter of those by
+default, the rest with ``-m slow``) must give the same input gradients as CPU autograd: the first
+``LAZYRT_OPINFO_GRAD_SAMPLES`` of them (default: ``LAZYRT_OPINFO_SAMPLES`` when that is
+set, else 1; 0 = all).
 
 Full run: ``LAZYRT_OPINFO_SAMPLES=0 LAZYRT_OPINFO_GRAD_EVERY=1
-LAZYRT_OPINFO_GRAD_MODES=strict,defer python -m pytest tests/test_opinfo.py -n 2``.
+LAZYRT_OPINFO_GRAD_MODES=strict,defer python -m pytest tests/test_opinfo.py -n 2 -m ''``.
 Other dtypes: ``LAZYRT_OPINFO_DTYPES=float32,bfloat16,int64``.
 """
 from __future__ import annotations
@@ -343,6 +346,7 @@ def _check_grad_sample(op, sample, mode, compare=_assert_grad_close) -> bool:
     return True
 
 
+@pytest.mark.sweep(every=4)
 @pytest.mark.parametrize("op,mode", _grad_ops())
 def test_opinfo_grad(op, mode):
     """The samples' gradients w.r.t. every float input match CPU autograd."""
@@ -363,6 +367,7 @@ def test_opinfo_grad(op, mode):
     assert lazyrt.metrics.counters()["cpu_fallbacks"] == 0
 
 
+@pytest.mark.sweep(every=20)
 @pytest.mark.parametrize("op,dtype,mode", _ops())
 def test_opinfo(op, dtype, mode):
     samples = op.sample_inputs("cpu", dtype, requires_grad=False)

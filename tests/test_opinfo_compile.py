@@ -19,6 +19,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
 
+pytestmark = pytest.mark.sweep(every=2)
+
 EVERY = int(os.environ.get("LAZYRT_OPINFO_COMPILE_EVERY", "25"))
 
 # entry -> why it fails under torch.compile only

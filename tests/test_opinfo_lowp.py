@@ -45,6 +45,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import lazyrt
 
+pytestmark = pytest.mark.sweep(every=4)
+
 DTYPES = [getattr(torch, d) for d in
           os.environ.get("LAZYRT_OPINFO_LOWP_DTYPES", "bfloat16,float16").split(",")]
 EVERY = int(os.environ.get("LAZYRT_OPINFO_LOWP_EVERY", "11"))

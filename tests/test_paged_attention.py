@@ -13,6 +13,8 @@ import torch
 import kernels_pallas as kp
 import lazyrt
 
+pytestmark = pytest.mark.sweep(every=2)
+
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 import kernels_pallas as kp
 
+pytestmark = pytest.mark.sweep(every=4)
+
 ACCELERATOR = jax.default_backend() in ("gpu", "tpu")
 
 # Tolerances, relative to the largest magnitude of the expected value.
@@ -175,6 +177,7 @@ class TestFlashAttention:
                           block_sizes=case.blocks, interpret=self.INTERPRET)
         return (q, k, v, do, mask), got
 
+    @pytest.mark.sweep(every=4)
     @pytest.mark.parametrize("case", ATTN_CASES, ids=str)
     def test_forward_and_grads(self, case: AttnCase):
         (q, k, v, do, mask), got = self._run(case)

@@ -14,6 +14,8 @@ from _util import assert_close
 import lazyrt
 from lazyrt import metrics
 
+pytestmark = pytest.mark.sweep(every=4)
+
 RTOL, ATOL = 1e-4, 1e-5
 
 

@@ -193,6 +193,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
           torch.int8, torch.uint8, torch.bool]
 
 
+@pytest.mark.sweep(every=3)
 @pytest.mark.parametrize("a", DTYPES, ids=str)
 @pytest.mark.parametrize("b", [torch.float32, torch.int64, torch.bool, torch.float16], ids=str)
 def test_type_promotion(a, b):
@@ -466,6 +467,7 @@ def test_grad_scaler_matches_cpu(mode):
     assert any(b > a for a, b in zip(scales, scales[1:]))  # a growth
 
 
+@pytest.mark.sweep(every=2)  # one mode by default (~20 s); -m slow: the other
 def test_packed_sequences_through_rnns(mode):
     """``pack_padded_sequence`` (sorted or not) through an LSTM and a GRU, and back with
     ``pad_packed_sequence``: outputs, final states and every gradient as on the CPU."""

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import lazyrt
 from lazyrt._exec.values import concrete
 
+pytestmark = pytest.mark.sweep(every=2)
+
 
 def _attention_step(q, k, v):
     for t in (q, k, v):
