@@ -32,17 +32,18 @@ def best(f):
     return min(ts)
 
 
-def strict():
-    lazyrt.set_mode("strict")
+def _common(mode: str):
+    """The op's setup in ``mode`` and the parts both modes share: ``(res, e, args, kw,
+    plan, vals, scal)``."""
+    lazyrt.set_mode(mode)
     x, b = torch.rand(4, 4).to("tpu"), torch.rand(4, 4).to("tpu")
+    lazyrt.sync()
     func = torch.ops.aten.add.Tensor
     e = BY_ID.get(id(func)) or resolve(func)
     x + b
     args, kw = (x, b), {}
     plan, vals, scal = _plan.plan_for(e, args, kw)
-    prog = plan.prog
-    outs = _strict.run(prog, vals, scal)
-    d = prog.direct
+    lazyrt.sync()
     res = {}
     def whole():
         for _ in range(N):
@@ -56,6 +57,20 @@ def strict():
         for _ in range(N):
             _plan.plan_for(e, args, kw)
     res["plan_for"] = best(pf)
+    return res, plan, vals, scal
+
+
+def _print(res: dict) -> None:
+    w = max(len(k) for k in res) + 1
+    for k, v in res.items():
+        print(f"{k:<{w}} {v:6.2f} us")
+
+
+def strict():
+    res, plan, vals, scal = _common("strict")
+    prog = plan.prog
+    outs = _strict.run(prog, vals, scal)
+    d = prog.direct
     def sr():
         for _ in range(N):
             _strict.run(prog, vals, scal)
@@ -75,34 +90,12 @@ def strict():
         for _ in range(N):
             _values.new_tensor(o, plan.layout.single)
     res["new_tensor (Storage + wrapper)"] = best(nt)
-    for k, v in res.items():
-        print(f"{k:<36} {v:6.2f} us")
+    _print(res)
 
 
 def defer():
-    lazyrt.set_mode("defer")
-    x, b = torch.rand(4, 4).to("tpu"), torch.rand(4, 4).to("tpu")
-    lazyrt.sync()
-    func = torch.ops.aten.add.Tensor
-    e = BY_ID.get(id(func)) or resolve(func)
-    x + b
-    args, kw = (x, b), {}
-    plan, vals, scal = _plan.plan_for(e, args, kw)
+    res, plan, vals, scal = _common("defer")
     prog = plan.prog
-    lazyrt.sync()
-    res = {}
-    def whole():
-        for _ in range(N):
-            x + b
-    res["whole op (x + b)"] = best(whole)
-    def disp():
-        for _ in range(N):
-            _disp._torch_dispatch(None, func, None, args, None)
-    res["lazyrt __torch_dispatch__ body"] = best(disp)
-    def pf():
-        for _ in range(N):
-            _plan.plan_for(e, args, kw)
-    res["plan_for"] = best(pf)
     def rec():
         with _defer.LOCK:
             for _ in range(N):
@@ -124,8 +117,7 @@ def defer():
             with _defer.LOCK:
                 pass
     res["with LOCK (dispatch's)"] = best(wl)
-    for k, v in res.items():
-        print(f"{k:<46} {v:6.2f} us")
+    _print(res)
 
 
 if __name__ == "__main__":
