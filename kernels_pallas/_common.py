@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import jax
@@ -91,14 +93,57 @@ def pad_axis(x: jax.Array, axis: int, size: int, value: float = 0.0) -> jax.Arra
     return jnp.pad(x, widths, constant_values=value)
 
 
+@functools.cache
+def gpu_backend() -> str | None:
+    """The Pallas GPU backend these kernels compile with: "triton", or None where this JAX
+    has no usable one for them.
+
+    NOTE: the kernels are written in Triton's model: values loaded from refs and
+    contracted with ``lax.dot_general`` inside the kernel. Pallas's default GPU lowering
+    since JAX 0.9 (``jax_pallas_use_mosaic_gpu``, on by default) is Mosaic GPU, whose
+    ``pallas_call`` lowering has no rule for ``dot_general`` (JAX 0.10.2 and 0.11.1's
+    ``jax/_src/pallas/mosaic_gpu/lowering.py``: matrix products go through
+    ``plgpu.wgmma`` on shared-memory refs), so left to the default every kernel would fail
+    to lower. They ask for Triton explicitly, while JAX has it: 0.11 deprecates it
+    (a ``DeprecationWarning`` per lowering, id ``jax-pallas-triton``); where it is gone or
+    the deprecation is made an error (``jax._src.deprecations.accelerate``), this is
+    None, the ``supports_*`` predicates answer False on GPU (so lazyrt's router runs
+    XLA's path) and a direct call raises ``NotImplementedError``.
+    ``KERNELS_PALLAS_GPU_BACKEND=none`` forces None (to check that fallback)."""
+    if os.environ.get("KERNELS_PALLAS_GPU_BACKEND", "").lower() == "none":
+        return None
+    try:
+        from jax.experimental.pallas import triton as pltriton  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        from jax._src import deprecations
+
+        if deprecations.is_accelerated("jax-pallas-triton"):
+            return None
+    except (ImportError, AttributeError, KeyError, ValueError):
+        pass  # an older JAX: no such deprecation registered
+    return "triton"
+
+
+def compiled_backend_available() -> bool:
+    """Whether the kernels can be compiled (not interpreted) on the default backend."""
+    return jax.default_backend() != "gpu" or gpu_backend() is not None
+
+
 def compiler_params(interpret: bool, *, num_warps: int = 4, num_stages: int = 2) -> Any:
-    """Backend compiler parameters: Triton's on GPU, None (the defaults) elsewhere."""
+    """Backend compiler parameters: Triton's on GPU (``gpu_backend``), None (the
+    defaults) elsewhere."""
     if interpret or jax.default_backend() != "gpu":
         return None
+    if gpu_backend() != "triton":
+        raise NotImplementedError(
+            "kernels_pallas: this JAX has no Pallas GPU backend these kernels lower with "
+            "(they need Triton's; Mosaic GPU lowers no dot_general): run with "
+            "interpret=True or use XLA's path")
     # NOTE: imported lazily: the Triton module is only needed (and only meaningful) on GPU.
     from jax.experimental.pallas import triton as pltriton
 
-    # NOTE: an explicit Triton CompilerParams also pins the Triton backend even when
-    # `jax_pallas_use_mosaic_gpu` is set; these kernels are written for Triton's model
-    # (independent programs, no cross-program accumulation).
+    # NOTE: an explicit Triton CompilerParams pins the Triton backend even when
+    # `jax_pallas_use_mosaic_gpu` is set (the default): see `gpu_backend`.
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)

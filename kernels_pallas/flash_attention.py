@@ -45,6 +45,7 @@ from kernels_pallas._common import (
     SUPPORTED_DTYPES,
     as_dtype,
     check_block,
+    compiled_backend_available,
     compiler_params,
     effective_block,
     next_pow2,
@@ -178,6 +179,8 @@ def supports_attention(
     ``v_shape`` defaults to ``k_shape``; ``mask_dtype`` defaults to bool when a
     ``mask_shape`` is given. ``dtype`` may be a jnp/numpy/str or torch dtype.
     """
+    if not compiled_backend_available():  # a GPU without a backend for them
+        return False
     try:
         v_shape = k_shape if v_shape is None else v_shape
         mask_dtype = (np.bool_ if mask_dtype is None else mask_dtype) if mask_shape else None

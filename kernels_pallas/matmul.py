@@ -41,6 +41,7 @@ from kernels_pallas._common import (
     SUPPORTED_DTYPES,
     as_dtype,
     check_block,
+    compiled_backend_available,
     compiler_params,
     effective_block,
     pad_axis,
@@ -186,6 +187,8 @@ def supports_matmul(
 
     Never raises. ``dtype`` may be a jnp/numpy/str or torch dtype.
     """
+    if not compiled_backend_available():  # a GPU without a backend for them
+        return False
     try:
         a_shape, b_shape = tuple(a_shape), tuple(b_shape)
         _check_matmul(a_shape, b_shape, dtype, dtype, batched=len(a_shape) == 3)

@@ -1,13 +1,18 @@
 """The Pallas kernels (``kernels_pallas``) checked against their references and timed:
 ``perf.device``'s kernels section, run in its own process.
 
-    python -m perf.device_kernels [--dry-run] [--json FILE]
+    python -m perf.device_kernels [--dry-run] [--json FILE] [--budget SECONDS]
 
 On a GPU or TPU the kernels are compiled for real (``interpret=False``); with ``--dry-run``
 (or on a CPU) they run in Pallas interpret mode at tiny sizes, which checks the code path
 and the values but says nothing about speed. Each case is a forward and a backward (one
 ``jax.vjp`` under one ``jit``) compared with the ``*_reference`` run in float32; one case
-failing (an error or a value off) is reported and the rest still run.
+failing (an error or a value off) is reported and the rest still run. Cases run in order
+of importance; one is started only while ``--budget`` seconds have not run out, and the
+JSON is rewritten after each, so a caller that kills this process at its own cap still
+reads every finished case. Half-precision attention cases are also timed through XLA's
+cuDNN attention (``jax.nn.dot_product_attention(implementation="cudnn")``) where a GPU
+has it: the numbers ``lazyrt._base.backend_choices``' "Pallas routing" rows need.
 """
 from __future__ import annotations
 
@@ -104,7 +109,29 @@ def check_attention(case, interpret: bool, runs: int) -> dict:
            "max_rel_err": err, "tol": TOL[dtype], "ok": err <= TOL[dtype]}
     row["kernel_ms"] = _median_ms(lambda: kern(q, k, v), runs)
     row["xla_ms"] = _median_ms(lambda: xla(q, k, v), runs)
+    if not interpret and jax.default_backend() == "gpu" and dtype != "float32" and tq == tk:
+        row.update(_cudnn(q, k, v, do, causal, ref(q, k, v), runs))
     return row
+
+
+def _cudnn(q, k, v, do, causal: bool, want, runs: int) -> dict:
+    """XLA's cuDNN attention on the same call (fwd+bwd, [B, L, H, E] layout inside)."""
+    import jax
+    import jax.numpy as jnp
+
+    t = lambda x: jnp.swapaxes(x, 1, 2)
+
+    def f(q, k, v):
+        out, back = jax.vjp(lambda q, k, v: t(jax.nn.dot_product_attention(
+            t(q), t(k), t(v), is_causal=causal, implementation="cudnn")), q, k, v)
+        return (out, *back(do.astype(out.dtype)))
+
+    try:
+        fn = jax.jit(f)
+        err = _rel_err(fn(q, k, v), want)
+        return {"cudnn_ms": _median_ms(lambda: fn(q, k, v), runs), "cudnn_rel_err": err}
+    except Exception as e:  # cuDNN missing or refusing the shape: reported, not fatal
+        return {"cudnn_error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def check_matmul(case, interpret: bool, runs: int) -> dict:
@@ -139,19 +166,39 @@ def check_matmul(case, interpret: bool, runs: int) -> dict:
     return row
 
 
-def run(dry: bool) -> dict:
+def run(dry: bool, budget: float | None = None, path: str | None = None) -> dict:
+    """Every case while ``budget`` seconds last (None: all), in order; ``path``: the JSON
+    rewritten after each case."""
     import jax
 
     import kernels_pallas as kp
+    from kernels_pallas._common import gpu_backend
 
+    t_end = None if budget is None else time.monotonic() + budget
     interpret = dry or kp.default_interpret()
     runs = 2 if interpret else 20
     res = {"backend": jax.default_backend(), "interpret": interpret,
+           "gpu_pallas_backend": gpu_backend() if jax.default_backend() == "gpu" else None,
            "note": "interpret mode: values checked, timings not meaningful" if interpret
-           else "compiled kernels", "rows": []}
+           else "compiled kernels", "rows": [], "ok": False}
+    # (in order of importance: what lazyrt's GPT rows and the routing table need first)
     cases = ([(check_attention, c) for c in (ATTENTION_DRY if interpret else ATTENTION)]
              + [(check_matmul, c) for c in (MATMUL_DRY if interpret else MATMUL)])
+    if not interpret:
+        cases = [cases[1], cases[len(ATTENTION)], cases[2], cases[len(ATTENTION) + 2],
+                 *[c for i, c in enumerate(cases) if i not in (1, 2, len(ATTENTION),
+                                                               len(ATTENTION) + 2)]]
+
+    def save():
+        if path:
+            with open(path, "w") as f:
+                json.dump(res, f)
+
     for fn, case in cases:
+        if t_end is not None and time.monotonic() > t_end:
+            res["rows"].append({"kernel": fn.__name__[6:], "case": case[0], "ok": None,
+                                "skipped": "kernels' time budget spent"})
+            continue
         t0 = time.perf_counter()
         try:
             row = fn(case, interpret, runs)
@@ -163,7 +210,10 @@ def run(dry: bool) -> dict:
         res["rows"].append(row)
         print(f"  {row['kernel']} {row['case']}: {'ok' if row['ok'] else 'FAILED'} "
               f"({row['seconds']} s)", file=sys.stderr, flush=True)
-    res["ok"] = all(r["ok"] for r in res["rows"])
+        res["ok"] = all(r["ok"] is not False for r in res["rows"])
+        save()
+    res["ok"] = all(r["ok"] is not False for r in res["rows"])
+    save()
     return res
 
 
@@ -171,14 +221,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.device_kernels")
     ap.add_argument("--dry-run", action="store_true", help="interpret mode, tiny sizes")
     ap.add_argument("--json", default="-")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="start no case after this many seconds")
     a = ap.parse_args(argv)
-    res = run(a.dry_run)
-    text = json.dumps(res)
+    res = run(a.dry_run, a.budget, None if a.json == "-" else a.json)
     if a.json == "-":
-        print(text)
-    else:
-        with open(a.json, "w") as f:
-            f.write(text)
+        print(json.dumps(res))
     return 0
 
 

@@ -43,15 +43,15 @@ def _xent(logits, tgt):
     return -jnp.take_along_axis(lp, tgt[:, None], 1).mean()
 
 
-def mlp_setup(rng):
+def mlp_setup(rng, W=1024, B=64):
     def lin(i, o):
         s = 1 / np.sqrt(i)
         return {"w": jnp.asarray(rng.uniform(-s, s, (o, i)), jnp.float32),
                 "b": jnp.asarray(rng.uniform(-s, s, (o,)), jnp.float32)}
 
-    params = [lin(1024, 1024), lin(1024, 1024), lin(1024, 10)]
-    x = jnp.asarray(rng.standard_normal((64, 1024)), jnp.float32)
-    y = jnp.asarray(rng.integers(0, 10, (64,)), jnp.int32)
+    params = [lin(W, W), lin(W, W), lin(W, 10)]
+    x = jnp.asarray(rng.standard_normal((B, W)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 10, (B,)), jnp.int32)
 
     def loss_fn(p):
         h = jax.nn.relu(x @ p[0]["w"].T + p[0]["b"])
@@ -102,6 +102,13 @@ def gpt_setup(rng, V=512, D=256, H=4, L=2, T=128, B=8, forward_only=False):
     return params, loss_fn, 3e-4
 
 
+# Other sizes (``run(size=...)``; ``perf.device`` runs them beside lazyrt's): keyword
+# arguments of the setups. "d1024" is the issue-38 GPT (vocab 8192, d 1024, seq 512,
+# batch 16); "tiny" is ``perf.device --dry-run``'s.
+SIZES = {
+    "d1024": {"gpt": {"V": 8192, "D": 1024, "T": 512, "B": 16}, "mlp": {}},
+    "tiny": {"gpt": {"V": 64, "D": 32, "T": 16, "B": 2}, "mlp": {"W": 32, "B": 4}},
+}
 # Training steps: setup(rng) -> (params, loss_fn, lr); jitted with AdamW in ``run``.
 SETUPS = {"mlp_train": mlp_setup, "gpt_train": gpt_setup}
 # The suite's attention shapes, (batch, heads, seq, head_dim), as in ``workloads.py``.
@@ -109,8 +116,12 @@ ATTENTION_SHAPES = {"b8h4s128d64": (8, 4, 128, 64), "b4h8s256d64": (4, 8, 256, 6
                     "b2h8s512d64": (2, 8, 512, 64)}
 
 
-def _gpt_infer(rng, variant):
-    params, logits_fn = gpt_setup(rng, forward_only=True)
+def _size_kw(kind: str, size: str | None) -> dict:
+    return {} if size in (None, "default") else SIZES[size][kind]
+
+
+def _gpt_infer(rng, variant, size=None):
+    params, logits_fn = gpt_setup(rng, forward_only=True, **_size_kw("gpt", size))
     f = jax.jit(lambda p: logits_fn(p).sum())
     return lambda i: f(params)
 
@@ -135,7 +146,7 @@ def attention_loss(q, k, v):
     return (o * o).mean()
 
 
-def _attention(rng, variant):
+def _attention(rng, variant, size=None):
     b, h, t, d = ATTENTION_SHAPES[variant or next(iter(ATTENTION_SHAPES))]
     sc = 1.0 / np.sqrt(np.sqrt(d))
     q, k = (jnp.asarray(rng.standard_normal((b, h, t, d)) * sc, jnp.float32) for _ in range(2))
@@ -148,8 +159,8 @@ def _attention(rng, variant):
 
 
 def _train(name):
-    def setup(rng, variant):
-        params, loss_fn, lr = SETUPS[name](rng)
+    def setup(rng, variant, size=None):
+        params, loss_fn, lr = SETUPS[name](rng, **_size_kw(name[:3], size))
 
         def step(p, m, v, t):
             loss, g = jax.value_and_grad(loss_fn)(p)
@@ -176,10 +187,14 @@ _STEPS = {"mlp_train": _train("mlp_train"), "gpt_train": _train("gpt_train"),
 FLOORS = tuple(_STEPS)
 
 
-def run(name: str, steps: int, warmup: int, per_step: bool = False, variant: str | None = None):
+def run(name: str, steps: int, warmup: int, per_step: bool = False, variant: str | None = None,
+        size: str | None = None):
     """Median ms per timed step and every step's loss (``per_step``: also each timed
-    step's ms, in the middle). ``variant``: the attention shape."""
-    step = _STEPS[name](np.random.default_rng(0), variant)
+    step's ms, in the middle). ``variant``: the attention shape; ``size``: a ``SIZES``
+    key (None: the suite's sizes)."""
+    if size not in (None, "default") and name == "attention":
+        raise ValueError("attention has no other sizes (its variants are its shapes)")
+    step = _STEPS[name](np.random.default_rng(0), variant, size)
     ts, losses = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()

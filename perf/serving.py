@@ -96,6 +96,46 @@ def _run(model, prompts, new: int, blocks: int, profile: bool = False,
     return [r.generated_tokens for r in out.values()], dt  # in the order of the prompts
 
 
+def serving_row(mode: str = "defer", peer: str = "cuda", requests: int = 16, new: int = 32,
+                calls: int = 2, layers: int = 2, hidden: int = 64) -> dict:
+    """``perf.device``'s serving row: ``generate_batch`` tokens/s of transformers' own on
+    ``peer`` ("cuda"; "cpu" in a dry run) against lazyrt in ``mode`` on tpu, the same
+    model, prompts and greedy decoding; ``calls`` calls each (the first compiles), the
+    warm figure the median of the later ones. ``tokens_match``: the share of requests
+    whose tokens equal the peer's (float32 rounding may flip a near tie)."""
+    import transformers  # noqa: F401  (the client patches hook its import)
+
+    import lazyrt
+
+    model = _model(layers, hidden)
+    prompts = _prompts(requests)
+    blocks = 2 * sum((len(p) + new + 15) // 16 for p in prompts)
+    res: dict = {"requests": requests, "new_tokens": new, "layers": layers, "hidden": hidden,
+                 "peer": peer, "mode": mode}
+    model.to(peer)
+    ref, times = None, []
+    for _ in range(calls):
+        ref, dt = _run(model, prompts, new, blocks)
+        times.append(dt)
+    n_tok = sum(map(len, ref))
+    res["tokens"] = n_tok
+    res["peer_seconds"] = times
+    res["peer_tokens_per_s"] = n_tok / statistics.median(times[1:] or times)
+    model.to("tpu")
+    lazyrt.set_mode(mode)
+    times, compiles, match = [], [], 0.0
+    for _ in range(calls):
+        lazyrt.metrics.reset()
+        got, dt = _run(model, prompts, new, blocks)
+        times.append(dt)
+        compiles.append(lazyrt.metrics.counters()["cache_misses"])
+        match = sum(g == r for g, r in zip(got, ref, strict=True)) / len(ref)
+    lazyrt.sync()
+    res.update(lazyrt_seconds=times, lazyrt_compiles=compiles, tokens_match=match,
+               lazyrt_tokens_per_s=n_tok / statistics.median(times[1:] or times), ok=True)
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.serving")
     ap.add_argument("--modes", default="strict,defer")

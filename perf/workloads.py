@@ -20,6 +20,9 @@ SEED = 0
 
 
 def _sync(device: str) -> None:
+    if device == "cuda":  # PyTorch's own CUDA eager / inductor (``perf.device``'s peers)
+        torch.cuda.synchronize()
+        return
     if device != "cpu":
         import lazyrt
 

@@ -364,3 +364,169 @@ def test_transformer_trains_same_with_and_without_kernels(mode, pallas):
     assert att > 0 and mm > 0
     off = _train("off", mode)
     assert_close(on, off, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# the measured routing table (lazyrt._base.backend_choices, "Pallas routing")
+# ---------------------------------------------------------------------------
+
+from lazyrt._base import backend_choices as choices  # noqa: E402
+from lazyrt.lowering import pallas_router as router  # noqa: E402
+
+_ALL_CLASSES = [(k, d, s) for k in choices.KERNELS for d in choices.DTYPE_CLASSES
+                for s in choices.SIZE_CLASSES]
+
+
+def test_table_has_a_row_naming_its_run_for_every_class():
+    for p in choices.PLATFORMS:
+        for k, d, s in _ALL_CLASSES:
+            r = choices.PALLAS_ROUTING[p, k, d, s]
+            assert r.order[-1] == "xla" and r.run in choices.PALLAS_RUNS
+    assert len(choices.PALLAS_ROUTING) == len(choices.PLATFORMS) * len(_ALL_CLASSES)
+    with pytest.raises(ValueError):
+        choices.Route(("pallas",), "unmeasured")  # must end with XLA's path
+    with pytest.raises(ValueError):
+        choices.Route(("xla",), "no such run")
+
+
+def test_table_gpu_choices_per_class():
+    # The H200 run timed the kernels 14-19x slower than XLA (large float32 GPT): XLA; no
+    # class was measured faster, so no GPU row runs a kernel; half-precision attention
+    # tries cuDNN first.
+    for k, d, s in _ALL_CLASSES:
+        r = choices.PALLAS_ROUTING["gpu", k, d, s]
+        assert "pallas" not in r.order
+        want = ("cudnn", "xla") if (k, d) == ("attention", "half") else ("xla",)
+        assert r.order == want, (k, d, s)
+    assert choices.PALLAS_ROUTING["gpu", "matmul", "float32", "large"].run == "h200-2026-12-03"
+    assert choices.PALLAS_ROUTING["gpu", "attention", "float32", "large"].run == "h200-2026-12-03"
+    assert choices.PALLAS_ROUTING["gpu", "matmul", "half", "small"].run == "unmeasured"
+    assert not choices.uses_pallas("gpu") and not choices.uses_pallas("cuda")
+
+
+def test_table_tpu_and_cpu_choices_per_class():
+    for k, d, s in _ALL_CLASSES:
+        tpu = choices.PALLAS_ROUTING["tpu", k, d, s]
+        assert tpu.order == ("xla",) and tpu.run == "unmeasured"  # no TPU run yet
+        cpu = choices.PALLAS_ROUTING["cpu", k, d, s]
+        assert cpu.order == ("xla",) and cpu.run == "interpret-only"
+    assert not choices.uses_pallas("tpu") and not choices.uses_pallas("cpu")
+    assert "| gpu | attention | half | large | cudnn > xla |" in choices.pallas_table_markdown()
+
+
+def test_table_classes():
+    import jax.numpy as jnp
+
+    assert choices.dtype_class(jnp.bfloat16) == choices.dtype_class(jnp.float16) == "half"
+    assert choices.dtype_class(jnp.float32) == "float32"
+    # the measured d1024 GPT's matmuls and attention are large, the small GPT's small
+    assert choices.size_class(16 * 512 * 1024 * 3072) == "large"
+    assert choices.size_class(16 * 16 * 512 * 64 * 512) == "large"
+    assert choices.size_class(8 * 128 * 256 * 768) == "small"
+    assert choices.platform_class("cuda") == choices.platform_class("rocm") == "gpu"
+
+
+@pytest.fixture
+def as_gpu(monkeypatch, pallas):
+    """The router believing it runs on a GPU whose cuDNN attention works (its probe and
+    head-dim limit stubbed); ``jax.nn.dot_product_attention`` runs its XLA implementation,
+    so the cuDNN route's code path runs on the CPU. Every compiled plan and executable is
+    dropped before and after, so no other test sees this routing."""
+    from lazyrt._ops.control import invalidate_compiled
+
+    invalidate_compiled(None)
+    monkeypatch.setattr(router, "_backend", lambda: "gpu")
+    monkeypatch.setattr(router, "cudnn_ok", lambda: True)
+    monkeypatch.setattr(router, "_cudnn_max_head_dim", lambda: 256)
+    monkeypatch.setattr(router, "CUDNN_IMPLEMENTATION", "xla")
+    calls = {"fwd": 0, "bwd": 0}
+    fwd, bwd = router.cudnn_attention, router.cudnn_attention_vjp
+
+    def spy_fwd(*a, **kw):
+        calls["fwd"] += 1
+        return fwd(*a, **kw)
+
+    def spy_bwd(*a, **kw):
+        calls["bwd"] += 1
+        return bwd(*a, **kw)
+
+    monkeypatch.setattr(router, "cudnn_attention", spy_fwd)
+    monkeypatch.setattr(router, "cudnn_attention_vjp", spy_bwd)
+    yield calls
+    monkeypatch.undo()
+    invalidate_compiled(None)
+
+
+def test_auto_on_gpu_routes_by_table(as_gpu, pallas):
+    import jax.numpy as jnp
+
+    pallas("auto")
+    f32 = jnp.zeros((2, 4, 128, 64), jnp.float32)
+    bf = f32.astype(jnp.bfloat16)
+    kv = jnp.zeros((2, 2, 128, 64), jnp.bfloat16)
+    assert not router.active()
+    assert router.matmul(jnp.zeros((64, 32)), jnp.zeros((32, 16))) is None
+    assert router.attention_route(f32, f32, f32, None, True) == "xla"
+    assert router.attention_route(bf, kv, kv, None, True) == "cudnn"  # GQA 4/2, causal
+    assert router.attention_route(bf, bf, bf, jnp.ones((128, 128), bool), False) == "xla"
+    short = jnp.zeros((2, 4, 100, 64), jnp.bfloat16)
+    assert router.attention_route(short, bf, bf, None, True) == "xla"  # causal, L != S
+    assert router.attention_route(short, bf, bf, None, False) == "cudnn"
+    wide = jnp.zeros((1, 2, 16, 272), jnp.bfloat16)
+    assert router.attention_route(wide, wide, wide, None, False) == "xla"  # head dim > 256
+    assert _counts() == (0, 0, 0)
+    # ``on``: the kernel first wherever it fits; ``off``: cuDNN, else XLA
+    pallas("on")
+    assert router.attention_route(bf, kv, kv, None, True) == "pallas"
+    assert router.attention_route(wide, wide, wide, None, False) == "xla"
+    assert _counts() == (1, 0, 1)
+    pallas("off")
+    assert router.attention_route(bf, kv, kv, None, True) == "cudnn"
+    assert router.attention_route(f32, f32, f32, None, True) == "xla"
+
+
+def test_sdpa_cudnn_route_matches_cpu(mode, as_gpu, pallas):
+    # The cuDNN route's code path (layout, GQA, scale, logsumexp, backward by the VJP),
+    # run with JAX's XLA implementation on the CPU: bfloat16 against PyTorch CPU in float32.
+    pallas("auto")
+    gen = torch.Generator().manual_seed(30)
+    q = torch.randn(2, 4, 16, 16, generator=gen)
+    k, v = (torch.randn(2, 2, 16, 16, generator=gen) for _ in range(2))
+    kw = {"is_causal": True, "enable_gqa": True, "scale": 0.3}
+    expected = _sdpa_fwd_bwd(q, k, v, kw, "cpu")
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q.bfloat16(), k.bfloat16(), v.bfloat16(), kw, "tpu"))
+    assert all(t.dtype == torch.bfloat16 for t in got)
+    # (bfloat16 keeps 8 bits: gradients of ~2.5 land within ~0.06 of float32's)
+    assert_close([t.float() for t in got], [t.detach() for t in expected], 3e-2, 8e-2)
+    assert as_gpu["fwd"] > 0 and as_gpu["bwd"] > 0
+    # float32 takes the jnp path, with the same results as before
+    as_gpu.update(fwd=0, bwd=0)
+    got = _run(mode, lambda: _sdpa_fwd_bwd(q, k, v, kw, "tpu"))
+    assert_close(got, [t.detach() for t in expected], RTOL, ATOL)
+    assert as_gpu == {"fwd": 0, "bwd": 0}
+
+
+def test_kernels_pick_triton_while_jax_has_it(monkeypatch):
+    # Mosaic GPU (Pallas's default GPU lowering) has no dot_general rule: the kernels ask
+    # for Triton where JAX still has it, else report no GPU backend (the router then runs
+    # XLA's path on a GPU).
+    from kernels_pallas import _common
+
+    _common.gpu_backend.cache_clear()
+    try:
+        assert _common.gpu_backend() == "triton"
+        monkeypatch.setenv("KERNELS_PALLAS_GPU_BACKEND", "none")
+        _common.gpu_backend.cache_clear()
+        assert _common.gpu_backend() is None
+        assert _common.compiled_backend_available()  # (the CPU interprets them)
+        monkeypatch.setattr(_common.jax, "default_backend", lambda: "gpu")
+        assert not _common.compiled_backend_available()
+        import kernels_pallas as kp
+
+        assert not kp.supports_matmul((8, 8), (8, 8), "float32")
+        with pytest.raises(NotImplementedError):
+            _common.compiler_params(False)
+        assert _common.compiler_params(True) is None  # interpret mode needs none
+    finally:
+        monkeypatch.undo()
+        _common.gpu_backend.cache_clear()

@@ -1,5 +1,5 @@
-"""``python -m perf.device --dry-run``: the accelerator check's whole path on the CPU (no
-install, Pallas kernels in interpret mode at tiny sizes, tiny models), so the script a GPU
+"""``python -m perf.device --dry-run``: the accelerator check's whole path on the CPU (tiny
+sizes, Pallas kernels in interpret mode, the CUDA-eager rows on the CPU), so the script a GPU
 machine runs never rots."""
 from __future__ import annotations
 
@@ -17,29 +17,51 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_device_check_dry_run(tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("OUT", None)
     out = tmp_path / "out"
     p = subprocess.run(
         [sys.executable, "-m", "perf.device", "--dry-run", "--out", str(out),
-         "--only", "mlp_train", "--modes", "strict,defer,compiled"],
+         "--only", "mlp_train,kernels", "--modes", "cuda,inductor,jax,strict,defer",
+         "--sizes", "default"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads((out / "device.json").read_text())
-    assert report["ok"] == {"install": True, "kernels": True, "timing": True}
-    assert report["install"]["skipped"] == "dry run"
-    kernels = report["kernels"]
-    assert kernels["interpret"] and {r["kernel"] for r in kernels["rows"]} == {
-        "flash_attention", "matmul"}
+    # nothing was checked about the machine in a dry run: skipped, never passed
+    assert report["env"]["status"] == "skipped" and "ok" not in report["env"]
+    rows = {(r["workload"], r["mode"]): r for r in report["rows"]}
+    assert rows["mlp_train", "inductor"]["status"] == "skipped"
+    assert report["summary"] == {"passed": 5, "skipped": 2}
+    kernels = rows["kernels", None]
+    assert kernels["status"] == "passed" and kernels["interpret"]
+    assert {r["kernel"] for r in kernels["rows"]} == {"flash_attention", "matmul"}
     assert all(r["max_rel_err"] <= r["tol"] for r in kernels["rows"])
-    rows = {r["mode"]: r for r in report["timing"]}
-    assert sorted(rows) == ["compiled", "defer", "strict"]
-    for r in rows.values():
-        assert r["workload"] == "mlp_train" and r["median_ms"] > 0 and r["host_ms"] > 0
-        assert r["hbm_peak_bytes"] > 0 and len(r["losses"]) > 0
-    # the three modes train the same model from the same numbers
-    first = rows["strict"]["losses"][0]
-    for r in rows.values():
+    for m in ("cuda", "jax", "strict", "defer"):
+        r = rows["mlp_train", m]
+        assert r["status"] == "passed" and r["median_ms"] > 0, m
+    lazy = {m: rows["mlp_train", m] for m in ("strict", "defer")}
+    for r in lazy.values():
+        assert r["host_ms"] > 0 and r["hbm_peak_bytes"] > 0 and len(r["losses"]) > 0
+    # lazyrt's modes and PyTorch's own (on the CPU here) train the same model from the same
+    # numbers
+    first = rows["mlp_train", "cuda"]["losses"][0]
+    for r in lazy.values():
         assert r["losses"][0] == pytest.approx(first, rel=1e-4)
     # one flush per step and no recompiles once warm, as in the CPU suite
-    assert rows["defer"]["flushes_per_step"] == 1 and rows["defer"]["cache_misses_after_warmup"] == 0
+    assert lazy["defer"]["flushes_per_step"] == 1
+    assert lazy["defer"]["cache_misses_after_warmup"] == 0
     md = (out / "device.md").read_text()
-    assert "| mlp_train | defer |" in md and "flash_attention" in md
+    assert md.count("\n| ") >= 4 and "| mlp_train default |" in md
+    assert "kernel flash_attention" in md and "skipped 2" in md
+
+
+def test_plan_order_and_filters():
+    # (no subprocess: the plan as data) the headline d1024 GPT rows come first; every row
+    # is capped; the filters keep the order
+    from perf import device
+
+    assert device.PLAN[0][:3] == ("gpt_train", "d1024", "cuda")
+    assert device.PLAN[1][:3] == ("gpt_train", "d1024", "defer")
+    assert all(0 < cap <= 150 for *_, cap in device.PLAN)
+    plan = device._plan(["gpt_train", "kernels"], ["cuda", "defer"], ["d1024"], dry=False)
+    assert [p[:3] for p in plan] == [("gpt_train", "d1024", "cuda"),
+                                     ("gpt_train", "d1024", "defer"), ("kernels", None, None)]

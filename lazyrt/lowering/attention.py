@@ -20,16 +20,21 @@ kernel unchanged (the math path).
 
 The lowerings of the fused ops (the overrideable pair, and for direct callers the
 ``_scaled_dot_product_flash_attention`` and ``_efficient_attention`` pairs) ask the
-router at trace time: ``kernels_pallas.flash_attention`` when the Pallas policy is
-active and it takes the shapes, else a plain ``jnp`` math path computing the same thing
-(so results never depend on the route). The kernel's gradient is its custom VJP (the
-Pallas backward kernels; it recomputes the forward tile by tile). The jnp path's
-backward is flash attention's formula on the forward's output and logsumexp
+router at trace time (``pallas_router.attention_route``): ``kernels_pallas.flash_attention``
+where the Pallas policy (and under ``auto`` the measured table,
+``lazyrt._base.backend_choices``) runs it and it takes the shapes; on an NVIDIA GPU,
+XLA's fused cuDNN attention (``jax.nn.dot_product_attention(implementation="cudnn")``)
+for float16/bfloat16 calls without a mask within cuDNN's limits; else a plain ``jnp``
+math path computing the same thing (so results never depend on the route beyond
+rounding). The cuDNN route's backward is cuDNN's (JAX's VJP of the cuDNN forward). The
+kernel's gradient is its custom VJP (the Pallas backward kernels; it recomputes the
+forward tile by tile). The jnp path's backward is flash attention's formula on the forward's output and logsumexp
 (``_math_backward``): the probabilities are ``exp(scores - lse)``, so the softmax is
 not run again; it falls back to ``jax.vjp`` of the forward when the mask wants a
 gradient or no logsumexp came with the call.
 
-Returned ``logsumexp``: exact, from ``_math_forward``'s pass over the scores. On the
+Returned ``logsumexp``: exact, from ``_math_forward``'s pass over the scores (on the
+cuDNN route, cuDNN's, in the input's precision: ``pallas_router.cudnn_attention``). On the
 kernel route that pass runs for the logsumexp alone (the public kernel API does not
 return its own), materializing the scores once, and the kernel's backward never reads it.
 """
@@ -181,7 +186,10 @@ def _math_backward(g, q, k, v, mask, causal, scale, out, lse):
 # ---------------------------------------------------------------------------
 
 def _forward(q, k, v, mask, causal, scale, with_lse=True):
-    if _pallas.use_attention(q, k, v, mask):
+    route = _pallas.attention_route(q, k, v, mask, causal)
+    if route == "cudnn":
+        return _pallas.cudnn_attention(q, k, v, causal, scale, with_lse)
+    if route == "pallas":
         out = _pallas.flash_attention(q, k, v, mask, causal, scale)
         # (the jnp forward's output is unused here: XLA drops its matmul)
         lse = _math_forward(q, k, v, mask, causal, scale)[1] if with_lse else None
@@ -201,7 +209,10 @@ def _backward(g, q, k, v, mask, causal, scale, grad_mask=False, out=None, lse=No
         _, pull = vjp(lambda q_, k_, v_, m_: _math_attention(q_, k_, v_, m_, causal, scale),
                       q, k, v, mask)
         return pull(g)
-    if _pallas.use_attention(q, k, v, mask):
+    route = _pallas.attention_route(q, k, v, mask, causal)
+    if route == "cudnn":
+        dq, dk, dv = _pallas.cudnn_attention_vjp(g, q, k, v, causal, scale)
+    elif route == "pallas":
         dq, dk, dv = _pallas.flash_attention_vjp(g, q, k, v, mask, causal, scale)
     elif out is not None and lse is not None and lse.shape[-1] >= q.shape[-2]:
         dq, dk, dv = _math_backward(g, q, k, v, mask, causal, scale, out,

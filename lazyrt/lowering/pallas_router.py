@@ -1,11 +1,19 @@
 """The Pallas router: whether a lowering runs a ``kernels_pallas`` kernel or XLA's path.
 
 Policy (``lazyrt.config.pallas``, env ``LAZYRT_PALLAS``):
-  ``auto``  the kernels when the JAX backend is gpu/tpu *and* the shapes/dtypes fit
-            (``kernels_pallas.supports_*``); never on CPU, where Pallas only runs in
-            the (slow) interpret mode meant for testing. The default.
+  ``auto``  what the measured table says for this platform and shape class
+            (``lazyrt._base.backend_choices``, "Pallas routing": a kernel only where
+            the device check timed it at least as fast as XLA's path; today no row
+            does, so XLA everywhere), and the shapes/dtypes fit
+            (``kernels_pallas.supports_*``). The default.
   ``on``    the kernels whenever the shapes fit (interpret mode on CPU).
   ``off``   never.
+
+Attention has a third route on NVIDIA GPUs whatever the policy (``attention_route``):
+XLA's fused cuDNN attention (``jax.nn.dot_product_attention(implementation="cudnn")``)
+for float16/bfloat16 calls within its constraints (``cudnn_attention_applies``), tried
+after the kernel under ``on`` and first under ``auto`` (the table's order); the jnp
+path runs the rest.
 
 The router never raises for inputs a kernel cannot take: it returns None (the
 caller runs its plain ``jnp``/XLA path) and counts ``pallas_fallbacks``.
@@ -28,11 +36,13 @@ flushes pending work and drops the cached plans of the routed ops. Assigning
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 import torch
 
+from .._base import backend_choices as _choices
 from .._base.config import config
 from .._base.metrics import COUNTERS
 
@@ -51,12 +61,23 @@ def _backend() -> str:
 
 
 def active() -> bool:
-    """Whether the policy allows the kernels at all (shapes aside)."""
+    """Whether the policy allows a kernel on this platform at all (shapes aside): ``on``;
+    ``auto`` where some row of the table runs one."""
     p = config.pallas
     if p == "on":
         return True
     if p == "auto":
-        return _backend() in ("gpu", "tpu", "cuda", "rocm")
+        return _choices.uses_pallas(_backend())
+    return False
+
+
+def _allows(kernel: str, dtype, work: int) -> bool:
+    """Whether the policy runs ``kernel`` for this shape class (shapes' fit aside)."""
+    p = config.pallas
+    if p == "on":
+        return True
+    if p == "auto":
+        return _choices.pallas_route(_backend(), kernel, dtype, work).order[0] == "pallas"
     return False
 
 
@@ -108,7 +129,8 @@ def matmul(a, b, bias=None):
     (other ranks or broadcasting, other dtypes, empty dims) returns None and counts
     a fallback.
     """
-    if not active():
+    # (multiply-adds, for the table's size class: M*K (times the batch) * N)
+    if not _allows("matmul", a.dtype, math.prod(a.shape) * (b.shape[-1] if b.ndim else 1)):
         return None
     kp = _kp()
     ok = (a.ndim in (2, 3) and a.ndim == b.ndim and a.dtype == b.dtype
@@ -142,17 +164,45 @@ def attention_fits(q, k, v, mask) -> bool:
         mask_dtype=None if mask is None else mask.dtype)
 
 
+def _attention_work(q, k) -> int:
+    """An attention's multiply-adds, for the table's size class: B*Hq*L*E*S."""
+    return math.prod(q.shape) * (k.shape[-2] if k.ndim >= 2 else 1)
+
+
+def attention_route(q, k, v, mask, causal: bool, count: bool = True,
+                    cudnn: bool = True) -> str:
+    """"pallas", "cudnn" or "xla" for this attention (trace time). ``auto``: the table's
+    order for the platform and shape class; ``on``: the kernel, else cuDNN, else XLA;
+    ``off``: cuDNN, else XLA. ``count``: count the kernel's use, or a fallback when the
+    kernel was wanted and cannot take the shapes. ``cudnn=False``: never cuDNN (callers
+    without a cuDNN path)."""
+    p = config.pallas
+    if p == "auto":
+        order = _choices.pallas_route(_backend(), "attention", q.dtype,
+                                      _attention_work(q, k)).order
+    elif p == "on":
+        order = ("pallas", "cudnn", "xla")
+    else:
+        order = ("cudnn", "xla")
+    for r in order:
+        if r == "pallas":
+            if attention_fits(q, k, v, mask):
+                if count:
+                    COUNTERS["pallas_attention_calls"] += 1
+                return "pallas"
+            if count:
+                COUNTERS["pallas_fallbacks"] += 1
+        elif r == "cudnn":
+            if cudnn and cudnn_attention_applies(q, k, v, mask, causal):
+                return "cudnn"
+        else:
+            return "xla"
+    return "xla"
+
+
 def use_attention(q, k, v, mask, count: bool = True) -> bool:
     """Route this attention to the kernel? Counts the call or the fallback."""
-    if not active():
-        return False
-    if attention_fits(q, k, v, mask):
-        if count:
-            COUNTERS["pallas_attention_calls"] += 1
-        return True
-    if count:
-        COUNTERS["pallas_fallbacks"] += 1
-    return False
+    return attention_route(q, k, v, mask, False, count=count, cudnn=False) == "pallas"
 
 
 def flash_attention(q, k, v, mask, causal: bool, scale):
@@ -168,6 +218,103 @@ def flash_attention_vjp(g, q, k, v, mask, causal: bool, scale):
         _, vjp = jax.vjp(lambda q_, k_, v_: flash_attention(q_, k_, v_, mask, causal, scale),
                          q, k, v)
         return vjp(g)
+
+
+# ---------------------------------------------------------------------------
+# XLA's fused cuDNN attention (NVIDIA GPUs, float16/bfloat16)
+# ---------------------------------------------------------------------------
+
+# ``jax.nn.dot_product_attention``'s implementation on the cuDNN route (tests on the CPU
+# set "xla" to run the same code path there).
+CUDNN_IMPLEMENTATION = "cudnn"
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@functools.cache
+def _cudnn_max_head_dim() -> int:
+    """cuDNN flash attention's head-dim limit: 256 from Hopper (compute capability 9.0)
+    on, else 128 (``jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention``)."""
+    try:
+        return 256 if float(jax.devices()[0].compute_capability) >= 9.0 else 128
+    except (AttributeError, TypeError, ValueError):
+        return 128
+
+
+# The probe's failure, for diagnostics (``None``: not run or passed).
+cudnn_probe_error: str | None = None
+
+
+@functools.cache
+def cudnn_ok() -> bool:
+    """Whether cuDNN attention compiles and runs here: a one-time probe, forward and
+    backward of a tiny causal bfloat16 call (JAX reports cuDNN attention failures on some
+    CUDA 13 stacks; a failure sends every call to the jnp path instead of failing the
+    user's program). Only ever called on a GPU."""
+    global cudnn_probe_error
+
+    def probe():
+        q = jnp.ones((1, 128, 2, 64), jnp.bfloat16)
+        f = lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation=CUDNN_IMPLEMENTATION).astype(jnp.float32).sum()
+        return jax.grad(f, argnums=(0, 1, 2))(q, q, q)
+
+    try:
+        with no_x64():
+            jax.block_until_ready(jax.jit(probe)())
+        return True
+    except Exception as e:  # any failure: the jnp path instead
+        cudnn_probe_error = f"{type(e).__name__}: {e}"[:500]
+        return False
+
+
+def cudnn_attention_applies(q, k, v, mask, causal: bool) -> bool:
+    """Whether XLA's cuDNN attention takes this call: an NVIDIA GPU, 4-D q/k/v of one
+    dtype, float16/bfloat16, no mask (a fully masked row must give zeros, as PyTorch's
+    does), causal only with as many queries as keys (PyTorch's causal mask is top-left
+    aligned), one head dim for q/k/v, a multiple of 8 and at most 256 (128 before Hopper),
+    query heads a multiple of the kv heads, and the probe passing."""
+    if _choices.platform_class(_backend()) != "gpu":
+        return False
+    if mask is not None or not (q.ndim == k.ndim == v.ndim == 4):
+        return False
+    if not (q.dtype == k.dtype == v.dtype and jnp.dtype(q.dtype) in _HALF):
+        return False
+    b, hq, L, e = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != e:
+        return False
+    if causal and L != k.shape[2]:
+        return False
+    if e % 8 or e > _cudnn_max_head_dim() or hq % k.shape[1]:
+        return False
+    return cudnn_ok()
+
+
+def _bthe(x):
+    """PyTorch's [B, H, L, E] as JAX's [B, L, H, E] (and back)."""
+    return jnp.swapaxes(x, 1, 2)
+
+
+def cudnn_attention(q, k, v, causal: bool, scale, with_lse: bool = True):
+    """(output [B, Hq, L, E], logsumexp [B, Hq, L] float32 or None) by
+    ``jax.nn.dot_product_attention(implementation="cudnn")``. The logsumexp comes from
+    cuDNN's residual, which JAX returns in the input dtype (bfloat16/float16 precision);
+    this route's backward does not read it."""
+    kw = {"scale": None if scale is None else float(scale), "is_causal": bool(causal),
+          "implementation": CUDNN_IMPLEMENTATION}
+    with no_x64():
+        if not with_lse:
+            return _bthe(jax.nn.dot_product_attention(_bthe(q), _bthe(k), _bthe(v), **kw)), None
+        out, res = jax.nn.dot_product_attention(_bthe(q), _bthe(k), _bthe(v),
+                                                return_residual=True, **kw)
+        return _bthe(out), jnp.swapaxes(res, 1, 2).astype(jnp.float32)
+
+
+def cudnn_attention_vjp(g, q, k, v, causal: bool, scale):
+    """(dq, dk, dv) by cuDNN's backward (JAX's VJP of the cuDNN forward)."""
+    with no_x64():
+        _, pull = jax.vjp(lambda q_, k_, v_: cudnn_attention(q_, k_, v_, causal, scale,
+                                                             with_lse=False)[0], q, k, v)
+        return pull(g.astype(q.dtype))
 
 
 # ---------------------------------------------------------------------------
