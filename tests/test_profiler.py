@@ -191,6 +191,11 @@ def test_profile_memory_shows_lazyrt_memory_events(mode, tmp_path, capsys):
     assert all(m["Total Allocated"] >= 2 * nb for m in mem)  # tx and tw stay live
     peaks = [e for e in ev if e.get("name") == "lazyrt HBM peak"]
     assert len(peaks) == 2 * (4 if mode == "strict" else 1)
+    ops = [e for e in ev if e.get("cat") == "cpu_op"]
+    lo = min(float(e["ts"]) for e in ops)
+    hi = max(float(e["ts"]) + float(e["dur"]) for e in ops)
+    assert all(lo <= float(e["ts"]) <= hi for e in peaks)  # on the CPU ops' timeline
+    assert max(e["args"]["bytes"] for e in peaks) >= 3 * nb
     assert _mem.main(["read", path]) == 0
     out = capsys.readouterr().out
     assert f"computations:        {4 if mode == 'strict' else 1} (4 ops" in out

@@ -20,8 +20,9 @@ records each op's source line (as ``LAZYRT_RECORD_SOURCE`` does) so a flush can 
 
 Each flush (and, with ``profile_memory``, each strict op) also leaves an entry in
 ``WINDOW`` (its range's name, the lines that recorded its ops, and lazyrt's own record of
-it: compile and execute time, HBM peak): ``_torch.profiler`` adds them to the exported
-trace as the events' args and as memory events.
+it as a dict of ``memory.FlushRecord``'s fields: compile and execute time, HBM peak):
+``_torch.profiler`` adds them to the exported trace as the events' args and as memory
+events.
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ from torch._C._profiler import _RecordFunctionFast
 
 from .._base import memory
 from .._base.config import config
+from .._base.metrics import COUNTERS
 
 ACTIVE = [False]
 # entries of the window being recorded: [kind, name, unix ns, recorded-at, FlushRecord]
 WINDOW: list = []
 _NULL = contextlib.nullcontext()
 _names: dict = {}
-_state = {"record_source": False, "log_strict": False}
+_state = {"record_source": False}
 
 COMPILE, EXECUTE = "lazyrt::compile", "lazyrt::execute"
 TO_DEVICE, TO_HOST, SYNC = "lazyrt::to_device", "lazyrt::to_host", "lazyrt::sync"
@@ -52,14 +54,35 @@ def span(name: str):
 
 
 def strict_op(run, prog, arrays: list, scalars: list, log):
-    """``run(prog, arrays, scalars, log)`` (strict's full path) inside its op's range."""
+    """``run(prog, arrays, scalars, log)`` (strict's full path) inside its op's range; with
+    memory events on, the op's entry in ``WINDOW`` (its HBM peak by ``memory``'s rule)."""
     name = _names.get(prog.name)
     if name is None:
         name = _names[prog.name] = f"lazyrt::op[{prog.name}]"
-    if memory.LOG_STRICT[0] and _state["log_strict"]:
-        WINDOW.append(["op", name, time.time_ns(), None, None])
+    if memory.EVENTS is None:
+        with _RecordFunctionFast(name):
+            return run(prog, arrays, scalars, log)
+    live, hit, c0, t0 = (memory._state["live"], prog.exe is not None,
+                         COUNTERS["compile_seconds"], time.perf_counter())
     with _RecordFunctionFast(name):
-        return run(prog, arrays, scalars, log)
+        outs = run(prog, arrays, scalars, log)
+    # (a tuple, made a record at ``finish``: a dict per op here cost a microsecond)
+    WINDOW.append(("op", name, None, None, (
+        prog, prog.mem, hit, live, memory._state["live"], t0, time.perf_counter() - t0,
+        0.0 if hit else COUNTERS["compile_seconds"] - c0)))
+    return outs
+
+
+def _op_record(index: int, e: tuple) -> dict:
+    prog, m, hit, live, after, t0, dt, compile_s = e
+    m = m or memory.MemoryAnalysis(0, 0, 0, 0, 0)
+    return {"index": index, "mode": "strict", "trace_hash": f"{prog.uid:x}", "num_ops": 1,
+            "cache_hit": hit, "compile_seconds": compile_s, "execute_seconds": dt - compile_s,
+            "argument_bytes": m.argument_bytes, "output_bytes": m.output_bytes,
+            "temp_bytes": m.temp_bytes, "alias_bytes": m.alias_bytes,
+            "live_bytes_before": live, "live_bytes_after": after,
+            "hbm_peak_bytes": memory.computation_peak(live, m), "source": "",
+            "start_seconds": t0 + compile_s - memory._T0, "name": prog.name}
 
 
 def _short(line: str) -> str:
@@ -94,10 +117,10 @@ def end(rf) -> None:
 
 
 def _on_record(rec) -> None:
-    """``memory``'s listener: lazyrt's record of the computation just run (the last entry
-    of ``WINDOW`` that has none yet is its)."""
+    """``memory``'s listener: lazyrt's record of the flush just run (the last entry of
+    ``WINDOW`` that has none yet is its)."""
     if ACTIVE[0] and WINDOW and WINDOW[-1][4] is None:
-        WINDOW[-1][4] = rec
+        WINDOW[-1][4] = rec.as_dict()
 
 
 memory.add_listener(_on_record)
@@ -105,9 +128,8 @@ memory.add_listener(_on_record)
 
 def begin(profile_memory: bool, tr) -> None:
     """A profiler started recording: ranges on; defer records source lines; with
-    ``profile_memory`` every allocation and release is an event, and strict ops are logged
-    (each with its HBM peak) as ``lazyrt-mem`` logs them. ``tr``: the pending trace (the
-    caller holds its lock)."""
+    ``profile_memory`` every allocation and release is an event, and each strict op leaves
+    an entry with its HBM peak. ``tr``: the pending trace (the caller holds its lock)."""
     WINDOW.clear()
     _state["record_source"] = config.record_source
     if not config.record_source:
@@ -116,9 +138,6 @@ def begin(profile_memory: bool, tr) -> None:
         tr.srcs.extend(["<recorded before profiling>"]
                        * (len(tr.nodes) - len(tr.srcs)))
         config.record_source = True
-    _state["log_strict"] = profile_memory and not memory.LOG_STRICT[0]
-    if _state["log_strict"]:
-        memory.LOG_STRICT[0] = True
     memory.EVENTS = [] if profile_memory else None
     ACTIVE[0] = True
 
@@ -129,10 +148,8 @@ def finish() -> tuple[list, list | None]:
     without ``profile_memory``)."""
     ACTIVE[0] = False
     config.record_source = _state["record_source"]
-    if _state["log_strict"]:
-        memory.LOG_STRICT[0] = False
-        _state["log_strict"] = False
     events, memory.EVENTS = memory.EVENTS, None
-    entries = list(WINDOW)
+    entries = [e if type(e[4]) is not tuple else [*e[:4], _op_record(i, e[4])]
+               for i, e in enumerate(WINDOW)]
     WINDOW.clear()
     return entries, events

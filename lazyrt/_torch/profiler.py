@@ -41,6 +41,9 @@ from .._exec import profile as _profile
 
 DEVICE_PID = 0x7A7A00  # the device track's process id in the exported trace
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1
+# JAX's host events: 1 keeps XLA's executions (the CPU's device track) and costs less per
+# op than 2 (``python -m perf.profiler_cost``: strict 1.7x against 1.9x the unprofiled op)
+HOST_TRACER_LEVEL = 1
 # profile object -> its recorded windows (with ``acc_events`` one profile records several)
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _current: list = [None]
@@ -64,8 +67,13 @@ class Window:
 
 def _start_jax(w: Window) -> None:
     d = tempfile.mkdtemp(prefix="lazyrt-prof-")
+    # NOTE: JAX's Python tracer (an event per Python call) tripled the profiled cost per
+    # op; torch's ``with_stack`` gives the Python side
+    opts = jax.profiler.ProfileOptions()
+    opts.python_tracer_level = 0
+    opts.host_tracer_level = HOST_TRACER_LEVEL
     try:
-        jax.profiler.start_trace(d)
+        jax.profiler.start_trace(d, profiler_options=opts)
     except Exception as e:  # another JAX trace is running (one at a time)
         w.jax_error = f"{type(e).__name__}: {e}"
         shutil.rmtree(d, ignore_errors=True)
@@ -215,7 +223,7 @@ def _entry_args(entry) -> dict:
         args["sync_at"] = info["sync_at"]
         args["recorded_at"] = [f"{line} ({n} ops)" for line, n in info["recorded_at"]]
     if rec is not None:
-        d = rec.as_dict()
+        d = dict(rec)
         d.pop("largest_tensors", None)
         d["cache"] = "hit" if d["cache_hit"] else "miss"
         args.update(d)
@@ -250,15 +258,16 @@ def memory_events(w: Window, base_us: float, pid, tid) -> list:
                              "Addr": addr, "Device Type": _PRIVATEUSE1, "Device Id": 0}})
         out.append({"ph": "C", "pid": DEVICE_PID, "name": "lazyrt live bytes", "ts": ts,
                     "args": {"bytes": live}})
-    for _, _, _, _, rec in w.entries:
+    for _, _, _, _, rec in w.entries if w.profile_memory else ():
         if rec is None:
             continue
-        ts = (rec.start_seconds + memory._T0) * 1e3 + w.perf_to_unix / 1e3 - base_us
-        ts += rec.compile_seconds * 1e6 if rec.mode == "defer" else 0.0
+        ts = (rec["start_seconds"] + memory._T0) * 1e6 + w.perf_to_unix / 1e3 - base_us
+        ts += rec["compile_seconds"] * 1e6 if rec["mode"] == "defer" else 0.0
         out.append({"ph": "C", "pid": DEVICE_PID, "name": "lazyrt HBM peak", "ts": ts,
-                    "args": {"bytes": rec.hbm_peak_bytes}})
-        out.append({"ph": "C", "pid": DEVICE_PID, "name": "lazyrt HBM peak", "ts": ts
-                    + rec.execute_seconds * 1e6, "args": {"bytes": rec.live_bytes_after}})
+                    "args": {"bytes": rec["hbm_peak_bytes"]}})
+        out.append({"ph": "C", "pid": DEVICE_PID, "name": "lazyrt HBM peak",
+                    "ts": ts + rec["execute_seconds"] * 1e6,
+                    "args": {"bytes": rec["live_bytes_after"]}})
     return out
 
 
