@@ -16,7 +16,7 @@ The exported trace then gets:
 - a device track: XLA's executions from the JAX trace, aligned in time with the CPU ops
   (the device's kernel intervals on GPU/TPU: the ``/device:*`` processes; on the CPU the
   executing threads' intervals: events carrying an ``hlo_module``, plus one interval per
-  program run);
+  program run, named by the lazyrt range that launched it);
 - with ``profile_memory=True``: each allocation and release lazyrt counts as a
   ``[memory]`` event in Kineto's format (device type PrivateUse1), and counters of the
   live bytes and of each computation's HBM peak.
@@ -24,6 +24,7 @@ The exported trace then gets:
 from __future__ import annotations
 
 import atexit
+import bisect
 import glob
 import gzip
 import json
@@ -216,6 +217,24 @@ def device_track(events: list, base_us: float) -> list:
     return out
 
 
+def _label_runs(dev: list, events: list) -> None:
+    """Each program run on the device track is named by the lazyrt range that launched it
+    (the latest ``lazyrt::op``/``lazyrt::execute`` that began before it): XLA names every
+    strict program alike (``jit_prog_fn``)."""
+    launches = sorted((float(e["ts"]), e["name"]) for e in events
+                      if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                      and e.get("name", "").startswith(("lazyrt::op[", "lazyrt::execute")))
+    starts = [t for t, _ in launches]
+    for e in dev:
+        if e.get("ph") != "X" or "run_id" not in e.get("args", {}):
+            continue
+        i = bisect.bisect_right(starts, float(e["ts"])) - 1
+        if i >= 0:
+            e["args"]["launched_by"] = launches[i][1]
+            if "hlo_op" not in e["args"]:  # a program's interval (not one of its ops)
+                e["name"] = f"{launches[i][1]} ({e['name']})"
+
+
 def _entry_args(entry) -> dict:
     kind, _, _, info, rec = entry
     args = {"lazyrt": kind}
@@ -282,6 +301,7 @@ def exported(prof, path: str) -> None:
     base_us = float(doc.get("baseTimeNanoseconds", 0)) / 1e3 if isinstance(doc, dict) else 0.0
     _annotate(events, w.entries)
     dev = device_track(jax_events(w), base_us)
+    _label_runs(dev, events)
     lo, hi = w.start_ns / 1e3 - base_us, (w.end_ns or time.time_ns()) / 1e3 - base_us
     events += [e for e in dev if e.get("ph") == "M" or lo <= float(e["ts"]) <= hi]
     pid = next((e["pid"] for e in events if e.get("cat") == "cpu_op"), os.getpid())
