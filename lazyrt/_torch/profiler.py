@@ -49,6 +49,7 @@ HOST_TRACER_LEVEL = 1
 _windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _current: list = [None]
 _dirs: list = []
+KEEP_TRACES = 8  # the JAX traces of the last windows kept (for their exports)
 
 
 class Window:
@@ -80,6 +81,8 @@ def _start_jax(w: Window) -> None:
         shutil.rmtree(d, ignore_errors=True)
         return
     _dirs.append(d)
+    while len(_dirs) > KEEP_TRACES:  # (a long schedule: the oldest windows' traces go)
+        shutil.rmtree(_dirs.pop(0), ignore_errors=True)
     w.jax_dir = d
     # NOTE: JAX's trace counts time from its start; this annotation ties it to the unix
     # clock that Kineto's timestamps count (within a microsecond or two)
