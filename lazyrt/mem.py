@@ -3,12 +3,15 @@
     lazyrt-mem run [--mode strict|debug|defer] [--top N] [--json FILE] [--trace FILE]
                    [--plot FILE] SCRIPT [ARGS...]
     lazyrt-mem compare SCRIPT [ARGS...]
+    lazyrt-mem read [--top N] TRACE
 
 ``run`` runs SCRIPT as ``python SCRIPT ARGS`` would (``__name__ == "__main__"``, its
 ``sys.argv``, its exit status) with every computation lazyrt runs logged (defer
 flushes and strict per-op executions), then prints the top computations by HBM
 peak and a summary. ``compare`` runs SCRIPT in strict and in defer mode (one
-process each) and prints the two side by side. Also ``python -m lazyrt.mem``.
+process each) and prints the two side by side. ``read`` prints the same report from a
+``torch.profiler`` trace of tpu work (a ``.json``/``.json.gz`` file, or the folder
+``tensorboard_trace_handler`` wrote). Also ``python -m lazyrt.mem``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import tempfile
 import time
 import traceback
 
-from ._memcli import export, report
+from ._memcli import export, profiler_trace, report
 
 PROG = "lazyrt-mem"
 MODES = ("strict", "debug", "defer")
@@ -58,11 +61,19 @@ def _parser() -> argparse.ArgumentParser:
                                    "and compare peaks, times and flush counts.")
     c.add_argument("script", metavar="SCRIPT")
     c.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    rd = sub.add_parser("read", help="report the computations in a torch.profiler trace",
+                        description="Print the HBM report of a torch.profiler trace recorded "
+                                    "around tpu work (a file, or a folder of traces).")
+    rd.add_argument("--top", type=int, default=10, metavar="N",
+                    help="rows in the table of computations by HBM peak (default 10)")
+    rd.add_argument("trace", metavar="TRACE")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "read":
+        return _read(args)
     if not os.path.exists(args.script):
         _err(f"script not found: {args.script}")
         return 2
@@ -211,6 +222,19 @@ def _run(args) -> int:
         if not args.quiet:
             print(f"{PROG}: wrote {path}")
     return rc
+
+
+def _read(args) -> int:
+    try:
+        summary, records = profiler_trace.load(args.trace)
+    except profiler_trace.TraceError as e:
+        _err(str(e))
+        return 2
+    print(f"{PROG}: {summary['script']} (torch.profiler trace)")
+    print(report.table(records, max(args.top, 1)))
+    print()
+    print(report.summary_text(summary))
+    return 0
 
 
 # ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ ELSEWHERE = {
     "cb_host_inputs": "test_clients.py::test_generate_batch_equals_cpu_and_compiles_per_size_not_per_step",
     "cb_padding": "test_clients.py::test_generate_batch_equals_cpu_and_compiles_per_size_not_per_step",
     "cb_paged_attention": "test_paged_serving.py::test_generate_batch_decodes_with_paged_attention",
+    "profiler_ranges": "test_profiler.py::test_ranges_in_key_averages",
 }
 
 

@@ -59,6 +59,10 @@ LOG_LIMIT = 100_000
 # Log every strict-mode execution too (the memory profiler turns this on).
 LOG_STRICT = [False]
 _T0 = time.perf_counter()
+# While a torch profiler records with ``profile_memory=True`` (``_exec.profile``): a list
+# that gets ``(unix ns, bytes allocated (+) or released (-), live bytes after, address)``
+# for every counted allocation and release; None otherwise (one global read per array).
+EVENTS: list | None = None
 
 
 def _observe(live: int) -> None:
@@ -83,6 +87,8 @@ def _release(ref: _Tracked) -> None:
         if live > _state["peak"] or live > _state["live_peak"]:
             _observe(live)
         _state["live"] -= ref.nbytes
+        if EVENTS is not None:
+            EVENTS.append((time.time_ns(), -ref.nbytes, _state["live"], ref.key))
 
 
 def _purge_deleted() -> int:
@@ -93,6 +99,8 @@ def _purge_deleted() -> int:
         if a is not None and a.is_deleted() and _live.pop(key, None) is ref:
             # The weakref callback pops nothing later: the entry is gone.
             freed += ref.nbytes
+            if EVENTS is not None:
+                EVENTS.append((time.time_ns(), -ref.nbytes, _state["live"] - freed, key))
     _state["live"] -= freed
     return freed
 
@@ -106,6 +114,8 @@ def track_outputs(arrays, nbytes) -> None:
         ref.nbytes = nb
         if _live.setdefault(key, ref) is ref:  # (an array tracked already is counted)
             _state["live"] += nb
+            if EVENTS is not None:
+                EVENTS.append((time.time_ns(), nb, _state["live"], key))
 
 
 def count_run(arrays, nbytes, live_before: int, extra_bytes: int, where: str) -> None:
@@ -134,6 +144,8 @@ def track(arr, nbytes: int | None = None) -> None:
     ref.nbytes = nbytes
     if _live.setdefault(key, ref) is ref:
         _state["live"] += nbytes
+        if EVENTS is not None:
+            EVENTS.append((time.time_ns(), nbytes, _state["live"], key))
 
 
 def untrack(arrays) -> int:
@@ -144,6 +156,8 @@ def untrack(arrays) -> int:
         e = _live.get(key)
         if e is not None and _live.pop(key, None) is e:
             freed += e.nbytes
+            if EVENTS is not None:
+                EVENTS.append((time.time_ns(), -e.nbytes, _state["live"] - freed, key))
     _state["live"] -= freed
     _state["untracked"] = True
     return freed

@@ -53,6 +53,7 @@ from .._base.metrics import COUNTERS, register_gauge
 from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
+from . import profile as _profile
 from . import xla as _xla
 from .program import build_fn, hash_hex, needed, scalar_struct
 from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
@@ -61,6 +62,7 @@ LOCK = threading.RLock()
 _owned = LOCK._is_owned
 _UNLOCKED = "lazyrt: internal error: {} without the pending trace's lock (defer.LOCK)"
 _X64 = jax.enable_x64
+_PROFILING = _profile.ACTIVE
 
 
 _trace = Trace()
@@ -320,6 +322,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         scal = np.asarray(tr.scalars, dtype=np.float64)
         exe = _exes.lookup(key, tr, scal)
         hit = exe is not None
+        prof = _profile.flush_range(tr, hit, src) if _PROFILING[0] else None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
         try:
@@ -335,6 +338,8 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         del donated, kept
         _materialize(tr, outs, results, exe)
         _account(tr, exe, results, reason, src, hit, compile_s, exec_s, live_before, t_start)
+        if prof is not None:
+            _profile.end(prof)
     # NOTE: a fusion window's segment (``keep_on_error``, ``_cut``) runs asynchronously and
     # is no sync point: its asserts are read at the next real flush.
     if not keep_on_error:
@@ -383,7 +388,7 @@ def _execute(exe, donated: list, kept: list, scal):
     t0 = time.perf_counter()
     # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
     # there), never at a call: no warning filter here (~0.2 ms a flush).
-    with _X64(True):
+    with _X64(True), _profile.span(_profile.EXECUTE):
         results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
             donated, kept, exe.scalar_input(scal))
     exec_s = time.perf_counter() - t0

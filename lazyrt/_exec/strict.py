@@ -27,10 +27,12 @@ from .._base.memory import _state
 from .._base.metrics import COUNTERS
 from . import consts as _consts
 from . import debug as _debug
+from . import profile as _profile
 from . import xla as _xla
 
 _X64 = jax.enable_x64
 _LOG_STRICT = memory.LOG_STRICT
+_PROFILING = _profile.ACTIVE
 # Progs that hold a compiled executable, least recently run first.
 _compiled: collections.OrderedDict = collections.OrderedDict()
 
@@ -84,6 +86,8 @@ def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> lis
     its outputs counted and its peak folded in (``memory.count_run``). What only a log
     or debug mode needs (timing, the log record, the checks) is in ``_run_slow``.
     """
+    if _PROFILING[0]:  # a torch profiler records: the op in its range
+        return _profile.strict_op(_run_slow, prog, arrays, scalars, log)
     # NOTE: exe and mem are read once: another thread may evict this prog meanwhile (or
     # rebind a better executable).
     exe, mem = prog.exe, prog.mem

@@ -25,6 +25,7 @@ from .._base.metrics import COUNTERS
 from .._base.tensor import Storage, TpuTensor, contiguous_spec
 from . import asserts as _asserts
 from . import defer as _defer
+from . import profile as _profile
 from . import strict as _strict
 from . import views as _views
 
@@ -142,7 +143,7 @@ def host_to_device(c: torch.Tensor):
     stop it, jax 0.10.2), so a later in-place write to the CPU tensor changed the tpu one.
     """
     host = np.array(_dtypes.torch_to_numpy(c.detach().cpu().contiguous()), copy=True)
-    with _X64(True):
+    with _X64(True), _profile.span(_profile.TO_DEVICE):
         arr = jax.device_put(host)
     memory.track(arr)
     COUNTERS["transfers_to_device"] += 1
@@ -162,7 +163,8 @@ def to_host(arr) -> np.ndarray:
     """``arr`` on the host: waits for it (timed, ``wait_seconds``) and counts the transfer."""
     COUNTERS["transfers_to_host"] += 1
     t0 = time.perf_counter()
-    host = np.asarray(arr)
+    with _profile.span(_profile.TO_HOST):
+        host = np.asarray(arr)
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
     _asserts.check()  # a host read is a sync point
     return host

@@ -27,6 +27,7 @@ from .._base.metrics import COUNTERS
 from .._base.platform import on_cpu
 from . import diskcache as _diskcache
 from . import lean as _lean
+from . import profile as _profile
 from . import tiers as _tiers
 
 
@@ -213,7 +214,7 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
     upgrade = None
-    with jax.enable_x64(True), warnings.catch_warnings():
+    with jax.enable_x64(True), warnings.catch_warnings(), _profile.span(_profile.COMPILE):
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         jitted = jax.jit(fn, donate_argnums=donate_argnums)
         lowered = _lean.lower(jitted, args) if lean else jitted.lower(*args)

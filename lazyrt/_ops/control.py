@@ -17,6 +17,7 @@ from .._base.config import MODES, config
 from .._base.metrics import COUNTERS
 from .._exec import asserts as _asserts
 from .._exec import defer as _defer
+from .._exec import profile as _profile
 from .._exec import strict as _strict
 from .._exec import views as _views
 from . import resolve as _resolve
@@ -94,9 +95,10 @@ def sync() -> None:
     _defer.flush(reason="lazyrt.sync")
     t0 = time.perf_counter()
     arrays = memory.live_arrays()
-    if arrays:
-        jax.block_until_ready(arrays)
-    jax.effects_barrier()
+    with _profile.span(_profile.SYNC):
+        if arrays:
+            jax.block_until_ready(arrays)
+        jax.effects_barrier()
     COUNTERS["wait_seconds"] += time.perf_counter() - t0
     _asserts.check()
 

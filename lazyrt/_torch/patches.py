@@ -22,6 +22,7 @@ from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
 from . import patches_io as _patches_io
 from . import patchset as _patchset
+from . import profiler as _profiler
 
 _installed = []
 
@@ -235,9 +236,43 @@ def _flex_attention_devices() -> None:
     fa._validate_device.__code__ = code.replace(co_consts=consts)
 
 
+def _profiler_ranges() -> None:
+    """``torch.autograd.profiler.profile``'s ``_start_trace``, ``__exit__`` and
+    ``export_chrome_trace`` (``torch.profiler.profile`` records through them, each
+    ``schedule`` cycle too, and ``tensorboard_trace_handler`` exports through them): no
+    C++ profiler hook reaches a Python backend, so while a profiler records lazyrt opens
+    its ranges and runs a ``jax.profiler`` trace, and the exported trace gets XLA's
+    executions as a device track and lazyrt's memory events (``_torch.profiler``)."""
+    import torch.autograd.profiler as ap
+
+    cls = ap.profile
+    start, exit_, export = cls._start_trace, cls.__exit__, cls.export_chrome_trace
+
+    @functools.wraps(start)
+    def _start_trace(self):
+        start(self)
+        _profiler.started(self)
+
+    @functools.wraps(exit_)
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if self.enabled:
+            _profiler.stopping(self)
+        return exit_(self, exc_type, exc_val, exc_tb)
+
+    @functools.wraps(export)
+    def export_chrome_trace(self, path, *args, **kwargs):
+        out = export(self, path, *args, **kwargs)
+        _profiler.exported(self, path)
+        return out
+
+    cls._start_trace, cls.__exit__, cls.export_chrome_trace = (_start_trace, __exit__,
+                                                              export_chrome_trace)
+
+
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_parameter_objects, _foreach_for_tpu_parameters,
-           _tpu_generators, _accelerator_api, _flex_attention_devices) + _patches_io.PATCHES
+           _tpu_generators, _accelerator_api, _flex_attention_devices,
+           _profiler_ranges) + _patches_io.PATCHES
 
 
 def name(patch) -> str:
