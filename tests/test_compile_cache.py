@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import numpy as np
@@ -181,6 +183,63 @@ def test_entries_are_checked_and_a_damaged_one_is_a_miss(tmp_path):
         y = torch.sinh(x * 0.5).cpu()
         assert _c()["disk_cache_damaged"] > damaged and _c()["disk_cache_hits"] == hits
     torch.testing.assert_close(y, torch.sinh(x.cpu() * 0.5))
+
+
+@pytest.mark.parametrize("compile_mode", ["full", "tiered"])
+def test_a_sort_is_stored_though_it_ran_before_the_write(tmp_path, compile_mode):
+    """XLA:CPU refuses to serialize a sort's executable once it has run (jaxlib 0.10.2:
+    "`LessThan` is not serializable"; a background job failed with a warning). Each
+    executable is serialized before its first run, so the write (held back here behind a
+    busy worker) stores it, and a second lookup loads it. (A shape per mode: JAX hands back
+    the executable it already built, and ran, for a program compiled twice in a process.)"""
+    xs = torch.randn(13, 11 if compile_mode == "full" else 7)
+    x = xs.to("tpu")
+    ref = torch.sort(xs, dim=1)
+    with lazyrt.set_mode("strict"), _compile_mode(compile_mode, str(tmp_path)):
+        _strict.drop(list(_strict._compiled))
+        before = _c()
+        busy = threading.Event()
+        assert tiers.submit(tiers.WRITE, busy.wait)  # the worker writes nothing until set
+        try:
+            got = [torch.sort(x, dim=1) for _ in range(3)]
+            got = [(v.cpu(), i.cpu()) for v, i in got]
+        finally:
+            busy.set()
+        tiers.drain()
+        after = _c()
+        assert after["tier_failures"] == before["tier_failures"]
+        assert after["disk_cache_unstorable"] == before["disk_cache_unstorable"]
+        assert after["disk_cache_writes"] > before["disk_cache_writes"]
+        _strict.drop(list(_strict._compiled))
+        v, i = torch.sort(x, dim=1)
+        got.append((v.cpu(), i.cpu()))
+        assert _c()["disk_cache_hits"] > after["disk_cache_hits"]  # loaded, not compiled
+    for v, i in got:
+        assert torch.equal(v, ref.values) and torch.equal(i, ref.indices)
+
+
+def test_the_report_tells_programs_loaded_from_disk_from_compiled_ones(tmp_path):
+    """A program loaded from the compile cache is a miss of this process's memory, not a
+    compile: ``metrics.report()`` splits the misses into compiled and loaded."""
+    x = torch.randn(19).to("tpu")
+    with lazyrt.set_mode("strict"), _compile_mode("full", str(tmp_path)):
+        _strict.drop(list(_strict._compiled))
+        lazyrt.metrics.reset()
+        first = torch.cosh(x * 0.25).cpu()
+        tiers.drain()
+        _strict.drop(list(_strict._compiled))
+        second = torch.cosh(x * 0.25).cpu()  # every program of the first, from the disk
+    rep = lazyrt.metrics.report()
+    c = _c()
+
+    def row(name):
+        return int(re.search(rf"^  {name}\s+(\d+)", rep, re.M).group(1))
+
+    assert row("cache_misses_loaded") == c["disk_cache_hits"] > 0
+    assert row("cache_misses_compiled") == row("cache_misses_loaded")  # the first's, only
+    assert row("cache_misses_compiled") + row("cache_misses_loaded") == c["cache_misses"]
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, torch.cosh(x.cpu() * 0.25))
 
 
 def test_programs_that_drop_an_unused_argument_are_apart_by_its_shape(tmp_path):

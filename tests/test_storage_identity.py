@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -230,6 +231,37 @@ def test_module_to_warns_when_a_parameter_cannot_be_kept():
     assert m.weight.device.type == "tpu" and p.device.type == "cpu" and m.bias.device.type == "tpu"
     torch.testing.assert_close(m(torch.ones(1, 2, device="tpu")).cpu(),
                                (torch.ones(1, 2) @ p.detach().t() + m.bias.detach().cpu()))
+
+
+@pytest.mark.parametrize("held_by", ["weakrefs", "autograd graph"])
+def test_module_to_warns_once_per_move_with_what_to_do(held_by):
+    """Parameters that cannot be kept give one warning per ``Module.to``, not one per
+    parameter, saying why and how to keep them (the weak references torch.compile holds to
+    a model it ran; an output whose graph still uses the parameters)."""
+    import weakref
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    before = list(m.parameters())
+    if held_by == "weakrefs":
+        held = [weakref.ref(p) for p in before]
+        n, why, fix = 4, "weak reference", "move the model first, then compile and run it"
+    else:
+        held = m(torch.randn(3, 4))  # its graph saves some of the parameters
+        n, why, fix = None, "autograd graph", "move the model before running it"
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m.to("tpu")
+    msgs = [str(x.message) for x in w if "Module.to" in str(x.message)]
+    assert len(msgs) == 1, msgs
+    assert f"in place of {n or ''}" in msgs[0] and "of the module's 4 parameters" in msgs[0]
+    assert why in msgs[0] and fix in msgs[0]
+    assert w[0].filename == __file__  # points at the user's .to() line
+    assert all(p.device.type == "tpu" for p in m.parameters()) and held is not None
+    m.to("cpu")  # nothing holds the new ones: moved back without a warning
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m.to("tpu")
+    assert not [x for x in w if "Module.to" in str(x.message)]
 
 
 def test_rebuild_parameter_as_libraries_do(mode):

@@ -32,6 +32,7 @@ import time
 import warnings
 
 import jax
+from jax.experimental import serialize_executable as _se
 
 from .._base.config import OFF, config
 from .._base.metrics import COUNTERS
@@ -122,6 +123,28 @@ def devices_of(lowered):
         return list(lowered._lowering._device_list)
     except (AttributeError, TypeError):
         return None
+
+
+def serialize(exe) -> bytes | None:
+    """``exe``'s payload for ``put``, or None for an executable that cannot be stored
+    (constants or host callbacks in it; a kind of XLA:CPU step jaxlib cannot write out),
+    which the next process compiles again (``disk_cache_unstorable`` counts them).
+
+    Call it before ``exe`` first runs: XLA:CPU (jaxlib 0.10.2) swaps a sort's comparator for
+    its built-in one on the first run, and from then on refuses to serialize the executable
+    ("UNIMPLEMENTED: `LessThan` is not serializable": every program with a sort, argsort,
+    topk or kthvalue, written after it ran). A program compiled a second time in one
+    process comes back from JAX as the executable it built the first time, which may have
+    run: then it is not stored."""
+    try:
+        return _se.serialize(exe)[0]
+    except (ValueError, NotImplementedError):
+        pass
+    except jax.errors.JaxRuntimeError as e:
+        if not str(e).startswith("UNIMPLEMENTED"):
+            raise
+    COUNTERS["disk_cache_unstorable"] += 1
+    return None
 
 
 def get(name: str) -> bytes | None:

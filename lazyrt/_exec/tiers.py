@@ -92,11 +92,23 @@ def _loop() -> None:
             COUNTERS["tier_failures"] += 1
             if not _state["warned"]:
                 _state["warned"] = True
-                warnings.warn(f"lazyrt: a background compile job failed ({type(e).__name__}: "
-                              f"{e}); the program keeps its first-tier executable",
-                              RuntimeWarning, stacklevel=1)
+                warnings.warn(_failure_message(kind, e), RuntimeWarning, stacklevel=1)
         finally:
             _q.task_done()
+
+
+def _failure_message(kind: str, e: Exception) -> str:
+    """What a failed job means for the user's program, and what they can do."""
+    err = f"{type(e).__name__}: {e}"
+    if kind == COMPILE:
+        return (f"lazyrt: the background build of a program's optimized executable failed "
+                f"({err}). The program keeps running correctly at its quick first-tier "
+                "build, only slower; LAZYRT_COMPILE=full (the default) builds every program "
+                "fully at once. Please report this error to lazyrt.")
+    return (f"lazyrt: writing a compiled program to the compile cache failed ({err}). The "
+            "program runs as compiled; a later process compiles it again. Check the cache "
+            "directory (LAZYRT_CACHE_DIR names another one, LAZYRT_CACHE_DIR=off turns the "
+            "cache off), and please report this error to lazyrt if it persists.")
 
 
 @atexit.register

@@ -121,22 +121,17 @@ def _load(name: str | None, lowered):
 
 
 def _store(name: str | None, exe, now: bool = False) -> None:
-    """Write ``exe`` to the persistent cache under ``name``: on the compile worker, or
-    ``now`` in this thread."""
+    """Write ``exe`` to the persistent cache under ``name``: serialized here, before it
+    first runs (``_diskcache.serialize``), written on the compile worker, or ``now``."""
     if name is None:
         return
-
-    def write():
-        try:
-            payload = _se.serialize(exe)[0]
-        except (ValueError, NotImplementedError):  # not serializable (constants, callbacks)
-            return
-        _diskcache.put(name, payload)
-
+    payload = _diskcache.serialize(exe)
+    if payload is None:
+        return
     if now:
-        write()
+        _diskcache.put(name, payload)
     else:
-        _tiers.submit(_tiers.WRITE, write)
+        _tiers.submit(_tiers.WRITE, lambda: _diskcache.put(name, payload))
 
 
 # A first-tier program is rebuilt optimized once it runs this many times: a program run
@@ -190,9 +185,9 @@ class Upgrade:
         with jax.enable_x64(True):
             exe = compile(self.lowered, self.opts)
         COUNTERS["tier_compile_seconds"] += time.perf_counter() - t0
+        _store(self.name, exe, now=True)  # before install: the caller may run it at once
         self.install(exe, MemoryAnalysis.of(exe))
         COUNTERS["tier_swaps"] += 1
-        _store(self.name, exe, now=True)
         self.lowered = self.install = None
 
 

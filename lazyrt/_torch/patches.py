@@ -164,32 +164,55 @@ def _keep_parameter_objects() -> None:
             out = orig(self, fn, recurse)
         finally:
             depth[0] -= 1
+        refused = []
         for old, group in owners.values():
             first_mod, first_name = group[0]
             keep = first_mod._parameters[first_name]
             if keep is not old and (isinstance(keep, TpuTensor) or isinstance(old, TpuTensor)):
-                keep = _swap_into(old, keep)
+                keep = _swap_into(old, keep, refused)
             for mod, name in group:
                 mod._parameters[name] = keep
+        if refused:
+            warnings.warn(_refused_message(refused, len(owners)), stacklevel=3)
         _control.flush_pending("Module._apply (model.to)")
         return out
 
     torch.nn.Module._apply = _apply
 
 
-def _swap_into(old, new):
-    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` (with a
-    warning) where PyTorch refuses the swap."""
+def _swap_into(old, new, refused: list):
+    """``old`` holding ``new``'s contents (``new`` is then dropped), or ``new`` where
+    PyTorch refuses the swap (then ``(old, new, error)`` goes into ``refused``)."""
     try:
         torch.utils.swap_tensors(old, new)
     except (RuntimeError, TypeError) as e:
-        warnings.warn(
-            f"lazyrt: Module.to made a new Parameter of shape {tuple(old.shape)} on "
-            f"{new.device}: the old one could not take its place ({e}); references to the "
-            "old Parameter (an optimizer made before the move) no longer see the module's",
-            stacklevel=4)
+        refused.append((old, new, e))
         return new
     return old
+
+
+def _refused_message(refused: list, total: int) -> str:
+    """One warning for a ``Module.to`` whose parameters could not all be kept: how many,
+    why, and what the user can do so that they are."""
+    shapes = ", ".join(str(tuple(old.shape)) for old, _, _ in refused[:3])
+    more = ", ..." if len(refused) > 3 else ""
+    errors = [str(e) for _, _, e in refused]
+    if any("weakref" in e for e in errors):
+        why = ("something holds a weak reference to them (torch.compile does, for a model "
+               "it compiled and ran before the move)")
+        fix = "move the model first, then compile and run it"
+    elif any("use_count" in e for e in errors):
+        why = ("an autograd graph from before the move still uses them (an output or loss "
+               "that was neither backpropagated nor deleted)")
+        fix = ("move the model before running it, or delete (or backpropagate) those outputs "
+               "first, or compute them under torch.no_grad()")
+    else:
+        why, fix = f"PyTorch refused to swap them ({errors[0]})", "move the model before using it"
+    return (f"lazyrt: Module.to made a new Parameter in place of {len(refused)} of the "
+            f"module's {total} parameters (shapes {shapes}{more}) on {refused[0][1].device}: "
+            f"{why}. The module works with the new ones, but references to the old ones (an "
+            "optimizer made before the move) no longer see the module's parameters. To keep "
+            f"every Parameter object, as a move to CUDA does: {fix}.")
 
 
 def _foreach_for_tpu_parameters() -> None:
