@@ -8,6 +8,7 @@ import functools
 
 import torch
 
+from .._base import compat
 from .._base.tensor import TpuTensor
 from . import serialization as _serialization
 
@@ -118,7 +119,11 @@ def _tpu_storage_guards() -> None:
     cls.__new__ = staticmethod(__new__)
 
     def guard(name):
-        orig = getattr(cls, name)
+        orig = compat.api(f"torch.UntypedStorage.{name}")
+        if orig is None:  # a method this torch has not (``_resize_with_addr_`` before 2.13)
+            compat.skip(f"patch tpu_storage_guards: UntypedStorage.{name}",
+                        f"torch {compat.TORCH} has no UntypedStorage.{name}")
+            return
 
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
