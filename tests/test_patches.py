@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from _util import needs
 
 import lazyrt
 from lazyrt._base.metrics import COUNTERS
@@ -210,6 +211,7 @@ def test_jit_trace_untraced_dispatch():
     torch.testing.assert_close(tr(x.to("tpu")).cpu(), m.cpu()(x))
 
 
+@needs("storage_swap_data_ptr")
 def test_jit_save_load():
     """``torch.jit.save`` of a tpu ScriptModule and ``torch.jit.load(map_location="tpu")``
     give a tpu module computing what the CPU one does."""

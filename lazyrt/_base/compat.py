@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 __all__ = ["TORCH", "Feature", "FEATURES", "FeatureUnavailable", "has", "require", "api", "ops",
-           "aten", "prims", "MissingOp", "SKIPPED", "skip", "missing_features"]
+           "op", "aten", "prims", "MissingOp", "SKIPPED", "skip", "missing_features", "fill_meta"]
 
 TORCH = torch.__version__.split("+")[0]
 
@@ -50,14 +50,16 @@ class Feature:
     what: str  # what lazyrt uses it for, as a user would name it
     since: str  # first torch in lazyrt's range that has it (for messages and docs; never checked)
     probe: Callable[[], bool]  # tries the real thing
+    # what lazyrt does without it ("" = the feature is not available: ``require`` raises)
+    instead: str = ""
 
 
 FEATURES: dict[str, Feature] = {}
 
 
-def _feature(name: str, what: str, since: str):
+def _feature(name: str, what: str, since: str, instead: str = ""):
     def deco(probe: Callable[[], bool]) -> Callable[[], bool]:
-        FEATURES[name] = Feature(name, what, since, probe)
+        FEATURES[name] = Feature(name, what, since, probe, instead)
         return probe
 
     return deco
@@ -75,15 +77,22 @@ def has(name: str) -> bool:
 
 
 def message(name: str) -> str:
+    """What the running torch's lack of feature ``name`` means for the user."""
     f = FEATURES[name]
-    return f"lazyrt: {f.what} needs torch >= {f.since} ({name}); this is torch {TORCH}"
+    head = f"torch {TORCH} has no {f.what} (torch >= {f.since} has)"
+    return f"{head}; lazyrt {f.instead}" if f.instead else head
 
 
-def require(name: str) -> None:
+def require(name: str, use: str = "") -> None:
     """Raise ``FeatureUnavailable`` naming the feature and the torch it needs, unless the
-    running torch has it."""
+    running torch has it; ``use``: what the user asked for that needs it."""
     if not has(name):
-        raise FeatureUnavailable(message(name))
+        f = FEATURES[name]
+        if use:
+            raise FeatureUnavailable(f"lazyrt: {use} needs {f.what} (torch >= {f.since}); "
+                                     f"this is torch {TORCH}")
+        raise FeatureUnavailable(f"lazyrt: {f.what} needs torch >= {f.since} ({name}); "
+                                 f"this is torch {TORCH}")
 
 
 def missing_features() -> dict[str, str]:
@@ -200,9 +209,26 @@ def op(qualname: str):
     return None if isinstance(o, MissingOp) else o
 
 
+# ---- what lazyrt fills in ------------------------------------------------------------
+
+_LIBS: list = []  # the torch.library.Library objects of the kernels registered below
+
+
+def fill_meta(op, fn: Callable, feature: str) -> None:
+    """Where the running torch lacks ``feature`` (a meta kernel of ``op``), register ``fn``
+    (PyTorch's own meta kernel of a newer torch) as ``op``'s Meta kernel: lazyrt plans an
+    op's outputs from its meta kernel."""
+    if has(feature) or isinstance(op, MissingOp):
+        return
+    lib = torch.library.Library(op.namespace, "IMPL")
+    lib.impl(op, fn, "Meta")
+    _LIBS.append(lib)
+
+
 # ---- the features ---------------------------------------------------------------------
-# Each probe tries the real thing. ``since`` is the first torch of lazyrt's range seen to
-# have it (2.12 untested: 2.11.0, 2.13.0 and 2.14.1 are).
+# Each probe tries the real thing. ``since``: the first torch of lazyrt's range that has it
+# (2.11.0, 2.13.0 and 2.14.1 are tested; 2.12.0 read from its wheel: native_functions.yaml,
+# _meta_registrations.py, libtorch_python's method names).
 
 @_feature("linear_cross_entropy",
           "F.linear_cross_entropy (its chunked torch_nn:: ops)", "2.13")
@@ -211,22 +237,48 @@ def _linear_cross_entropy() -> bool:
     return True
 
 
-@_feature("storage_swap_data_ptr",
-          "one C++ storage object per tpu storage (UntypedStorage._swap_data_ptr_)", "2.13")
+@_feature("storage_swap_data_ptr", "UntypedStorage._swap_data_ptr_", "2.12",
+          instead="gives a tpu tensor's untyped_storage() as a new non-owning storage object "
+                  "per call (data_ptr and nbytes are the storage's identity as on newer torch; "
+                  "the object is not the tensor's own, and C++ readers of a tensor's storage "
+                  "see none: torch.jit.save of tpu tensors raises)")
 def _storage_swap_data_ptr() -> bool:
     return api("torch.UntypedStorage._swap_data_ptr_") is not None
 
 
 @_feature("sdpa_overrideable_backward_meta",
-          "the meta kernel of _scaled_dot_product_fused_attention_overrideable_backward "
-          "(SDPA's fused backward; lazyrt registers one where torch has none)", "2.13")
+          "meta kernel of _scaled_dot_product_fused_attention_overrideable_backward", "2.12",
+          instead="registers PyTorch's own (SDPA's fused backward)")
 def _sdpa_overrideable_backward_meta() -> bool:
+    # (lowering/attention.py fills it in)
     bwd = aten._scaled_dot_product_fused_attention_overrideable_backward.default
     m = torch.empty(1, 1, 2, 4, device="meta")
     e = torch.empty((), dtype=torch.int64, device="meta")
     try:
         bwd(m, m, m, m, None, [True, True, True, False], m, m[..., 0], e, e, 2, 2, 0.0, False,
             e, e)
+    except NotImplementedError:
+        return False
+    return True
+
+
+@_feature("compiled_linalg_checks",
+          "_linalg_check_errors as an ordered effect in compiled graphs", "2.13",
+          instead="registers it as newer torch does (torch.compile of a singular linalg.solve "
+                  "raises as in eager)")
+def _compiled_linalg_checks() -> bool:
+    from torch._higher_order_ops import effects
+
+    return effects._get_effect("aten::_linalg_check_errors") is not None
+
+
+@_feature("convolution_meta", "meta kernel of aten::_convolution", "2.13",
+          instead="registers PyTorch's own (torch.jit.trace of convolutions on tpu records it)")
+def _convolution_meta() -> bool:
+    a = torch.empty(1, 1, 3, 3, device="meta")
+    try:
+        aten._convolution.default(a, a, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                  False, False, True, True)
     except NotImplementedError:
         return False
     return True

@@ -137,6 +137,14 @@ def _tpu_storage_guards() -> None:
         guard(name)
 
 
+def _convolution_meta(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                      groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    """PyTorch's meta kernel of ``_convolution`` (torch 2.13's ``_meta_registrations``): that
+    of ``convolution``."""
+    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation,
+                                              transposed, output_padding, groups)
+
+
 def _jit_trace_untraced_dispatch() -> None:
     """``torch.jit.trace`` / ``trace_module`` (``torch.jit._trace``): TorchScript's tracer
     records each op at the dispatcher's Tracer key, above lazyrt, but its thread-local
@@ -155,6 +163,7 @@ def _jit_trace_untraced_dispatch() -> None:
     installed = []
 
     convolution, _convolution = torch.ops.aten.convolution.default, torch.ops.aten._convolution.default
+    compat.fill_meta(_convolution, _convolution_meta, "convolution_meta")
 
     def untraced(dispatch):
         def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -249,6 +258,7 @@ def _jit_save_load() -> None:
     def jit_save(m, f, _extra_files=None):
         for t in _script_tensors(m):
             if isinstance(t, TpuTensor):
+                compat.require("storage_swap_data_ptr", "torch.jit.save of tpu tensors")
                 t.untyped_storage()
         return save(m, f, _extra_files)
 

@@ -324,12 +324,7 @@ def _overrideable_backward_meta(grad_out, query, key, value, attn_bias, grad_inp
             torch.empty_like(attn_bias) if attn_bias is not None else None)
 
 
-_META_LIB = None
-if not compat.has("sdpa_overrideable_backward_meta"):
-    # NOTE: without a meta kernel lazyrt cannot plan the backward's outputs (torch 2.11
-    # raises "This is an operator for privateuse1 backends"): register PyTorch's.
-    import torch
-
-    _META_LIB = torch.library.Library("aten", "IMPL")
-    _META_LIB.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-                   _overrideable_backward_meta, "Meta")
+# NOTE: without a meta kernel lazyrt cannot plan the backward's outputs (torch 2.11 raises
+# "This is an operator for privateuse1 backends"): PyTorch's own, where torch has none.
+compat.fill_meta(aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+                 _overrideable_backward_meta, "sdpa_overrideable_backward_meta")
