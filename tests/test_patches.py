@@ -54,6 +54,20 @@ def test_every_patch_has_a_behaviour_test():
             assert f"def {name}(" in f.read(), test
 
 
+def test_linalg_checks_in_compiled_graphs():
+    """``torch.compile`` keeps ``_linalg_check_errors`` (an ordered effect, on every torch
+    of the range): a singular solve raises PyTorch's eager error, as on the CPU."""
+    from torch._higher_order_ops import effects
+
+    assert effects._get_effect("aten::_linalg_check_errors") is not None
+    f = torch.compile(lambda a, b: torch.linalg.solve(a, b))
+    with pytest.raises(RuntimeError, match="singular") as e:
+        f(torch.zeros(3, 3, device="tpu"), torch.ones(3, 1, device="tpu")).cpu()
+    with pytest.raises(RuntimeError) as eager:
+        torch.linalg.solve(torch.zeros(3, 3), torch.ones(3, 1))
+    assert str(e.value) == str(eager.value)
+
+
 def test_backward_error_hold():
     """An op that raises inside ``backward()`` is PyTorch's error, raised by
     ``backward()`` (torch 2.13 aborts the process without the patch)."""
