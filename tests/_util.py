@@ -1,6 +1,7 @@
 """Helpers shared by the tests: move structures to tpu and back, compare with CPU."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -105,3 +106,20 @@ def grad_check(fn, *inputs, seed=0, rtol=1e-4, atol=1e-5):
     assert_close(out_t, out_c, rtol, atol)
     assert_close(grads_t, grads_c, rtol, atol, path="grad")
     assert fallbacks() == 0
+
+
+def needs(feature: str):
+    """Skip the test on a torch without ``feature`` (``lazyrt._base.compat.FEATURES``); the
+    reason names the feature and the torch that has it."""
+    from lazyrt._base import compat
+
+    return pytest.mark.skipif(not compat.has(feature), reason=compat.message(feature))
+
+
+def op_param(qualname: str):
+    """``aten.x.overload`` as a ``pytest.param``: skipped, naming the op, on a torch without it."""
+    from lazyrt._base import compat
+
+    op = compat.op(qualname)
+    return pytest.param(op or qualname, id=qualname.split(".", 1)[1], marks=pytest.mark.skipif(
+        op is None, reason=f"torch {compat.TORCH} has no {qualname}"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import assert_close, check_op, gen, randn, to_cpu, to_tpu
+from _util import assert_close, check_op, gen, needs, op_param, randn, to_cpu, to_tpu
 
 pytestmark = pytest.mark.sweep(every=10)
 
@@ -18,7 +18,7 @@ aten = torch.ops.aten
 
 
 @pytest.mark.parametrize("op", [aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default,
-                                aten._upsample_lanczos2d_aa.default])
+                                op_param("aten._upsample_lanczos2d_aa.default")])
 @pytest.mark.parametrize("hw,out,align,scales", [
     ((8, 9), (3, 4), False, None), ((8, 9), (3, 4), True, None), ((5, 6), (11, 13), False, None),
     ((5, 6), (11, 13), True, None), ((10, 10), (4, 4), False, (0.4, 0.45)), ((7, 7), (7, 7), False, None),
@@ -176,6 +176,7 @@ def test_repeat_interleave_tensor_repeats(mode):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("bias", [False, True])
+@needs("linear_cross_entropy")
 def test_linear_cross_entropy_chunked(mode, reduction, bias):
     x = randn(7, 5).requires_grad_()
     w = randn(6, 5, seed=1).requires_grad_()

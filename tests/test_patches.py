@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from _util import needs
 
 import lazyrt
 from lazyrt._base.metrics import COUNTERS
@@ -52,6 +53,20 @@ def test_every_patch_has_a_behaviour_test():
         path, name = test.split("::")
         with open(os.path.join(ROOT, "tests", path)) as f:
             assert f"def {name}(" in f.read(), test
+
+
+def test_linalg_checks_in_compiled_graphs():
+    """``torch.compile`` keeps ``_linalg_check_errors`` (an ordered effect, on every torch
+    of the range): a singular solve raises PyTorch's eager error, as on the CPU."""
+    from torch._higher_order_ops import effects
+
+    assert effects._get_effect("aten::_linalg_check_errors") is not None
+    f = torch.compile(lambda a, b: torch.linalg.solve(a, b))
+    with pytest.raises(RuntimeError, match="singular") as e:
+        f(torch.zeros(3, 3, device="tpu"), torch.ones(3, 1, device="tpu")).cpu()
+    with pytest.raises(RuntimeError) as eager:
+        torch.linalg.solve(torch.zeros(3, 3), torch.ones(3, 1))
+    assert str(e.value) == str(eager.value)
 
 
 def test_backward_error_hold():
@@ -211,6 +226,7 @@ def test_jit_trace_untraced_dispatch():
     torch.testing.assert_close(tr(x.to("tpu")).cpu(), m.cpu()(x))
 
 
+@needs("storage_swap_data_ptr")
 def test_jit_save_load():
     """``torch.jit.save`` of a tpu ScriptModule and ``torch.jit.load(map_location="tpu")``
     give a tpu module computing what the CPU one does."""

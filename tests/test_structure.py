@@ -200,7 +200,10 @@ def test_patched_torch_attributes_still_exist():
     assert torch.jit.trace_module.__wrapped__
     # the private calls the storage identity and the jit patch make
     assert callable(torch._C._construct_storage_from_data_pointer)
-    assert callable(torch.UntypedStorage._swap_data_ptr_)
+    from lazyrt._base import compat
+
+    # (a torch without it gives storages another way: compat's storage_swap_data_ptr)
+    assert not compat.has("storage_swap_data_ptr") or callable(torch.UntypedStorage._swap_data_ptr_)
     assert callable(torch._C._dispatch_tls_set_dispatch_key_excluded)
     assert torch._C._dispatch_key_name(torch._C._parse_dispatch_key("Tracer")) == "Tracer"
 

@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 import torch
 
+from . import compat
 from .device import DEVICE
 
 
@@ -56,6 +57,7 @@ _ADDRS: list = []  # the addresses given, ascending (dead ones pruned now and th
 _C_untyped_storage = torch._C.TensorBase.untyped_storage
 _C_data_ptr = torch._C.TensorBase.data_ptr
 _fake_storage = torch._C._construct_storage_from_data_pointer
+_SWAP_DATA_PTR = compat.has("storage_swap_data_ptr")
 
 
 def storage_nbytes(st: Storage) -> int:
@@ -99,6 +101,10 @@ def storage_at(addr: int) -> tuple:
 def _stamped_storage(t: TpuTensor) -> torch.UntypedStorage:
     """``t``'s C++ storage, given its storage's identity first if it lacks it."""
     addr, nbytes = storage_identity(t._st)
+    if not _SWAP_DATA_PTR:
+        # NOTE: a torch without _swap_data_ptr_ (2.11): a non-owning storage at the identity,
+        # new on each call (data_ptr and nbytes as with it; not the same object each time).
+        return _fake_storage(addr, DEVICE, nbytes)
     s = _C_untyped_storage(t)
     if (_C_data_ptr(t) == addr + t.storage_offset() * t.element_size()
             and s.nbytes() == nbytes):
@@ -187,6 +193,8 @@ class TpuTensor(torch.Tensor):
         return _stamped_storage(self)
 
     def data_ptr(self) -> int:
+        if not _SWAP_DATA_PTR:
+            return storage_identity(self._st)[0] + self.storage_offset() * self.element_size()
         _stamped_storage(self)
         return _C_data_ptr(self)
 

@@ -8,6 +8,10 @@ dispatcher does. Statuses:
   decomposed   PyTorch's CompositeImplicit decomposition or ``torch._decomp``
   functional   an in-place / out= (or in-place view) variant whose functional op runs
   missing      raises NotImplementedError naming the op (or runs on CPU with the fallback)
+
+``coverage()["skipped"]``: what lazyrt left out at import because the running torch lacks
+it (a lowering of an op it does not have, a patch of a method it does not have) and the
+features it lacks, each with why (``lazyrt._base.compat``; docs/versions.md).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import os
 
 import torch
 
+from .._base import compat
 from .resolve import lookup
 
 aten = torch.ops.aten
@@ -60,6 +65,12 @@ def _op_of(op):
 
 
 def status(op: str | torch._ops.OpOverload) -> OpCoverage:
+    if isinstance(op, str):
+        name = op.replace("::", ".")
+        name = name if name.startswith("aten.") else f"aten.{name}"
+        if compat.op(name) is None:
+            return OpCoverage(name, "missing", "not in this torch",
+                              f"torch {compat.TORCH} has no {name}")
     op = _op_of(op)
     r = lookup(op)
     how = r.how
@@ -100,6 +111,14 @@ def coverage(op: str | torch._ops.OpOverload | None = None) -> OpCoverage | dict
     for v in out.values():
         v.sort()
     out["counts"] = {k: len(v) for k, v in out.items() if isinstance(v, list)}
+    out["skipped"] = skipped()
+    return out
+
+
+def skipped() -> dict[str, str]:
+    """What lazyrt left out on this torch (a lowering, a patch, a feature) -> why."""
+    out = dict(compat.SKIPPED)
+    out.update({f"feature {n}": m for n, m in compat.missing_features().items()})
     return out
 
 
@@ -115,6 +134,8 @@ def main() -> None:
     c = coverage()
     for k, n in c["counts"].items():
         print(f"{k:11s} {n}")
+    for what, why in c["skipped"].items():
+        print(f"skipped     {what}: {why}")
     print("(python -m lazyrt._ops.coverage OP [OP ...] for single ops)")
 
 

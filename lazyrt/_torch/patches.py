@@ -1,7 +1,8 @@
 """Every change lazyrt makes to PyTorch's own Python objects, in one place (with
 ``patches_io``: saving, loading and tracing).
 
-Checked against torch 2.13.0 (the pinned release). Each patch says what it changes,
+Checked against torch 2.11.0, 2.13.0 and 2.14.1 (lazyrt's range is 2.11 to 2.14); what a
+torch lacks is asked of ``_base.compat``, never of the version number. Each patch says what it changes,
 why lazyrt needs it, and what to look at when torch moves. ``tests/test_structure.py``
 fails loudly if a patched attribute disappears. (Kernels registered through the public
 ``torch.library`` API are not patches: see ``_registration``.)
@@ -17,6 +18,7 @@ import warnings
 
 import torch
 
+from .._base import compat
 from .._base.tensor import TpuTensor
 from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
@@ -292,10 +294,24 @@ def _profiler_ranges() -> None:
                                                               export_chrome_trace)
 
 
+def _linalg_checks_in_compiled_graphs() -> None:
+    """``torch._higher_order_ops.effects``: ``aten::_linalg_check_errors`` (it raises
+    "the input matrix is singular" after ``linalg.solve``, ``inv``, ``cholesky``) returns
+    nothing, so a torch that does not register it as an ordered effect lets AOTAutograd
+    drop it from compiled graphs, and ``torch.compile`` of a singular solve returns inf/nan
+    where eager raises. Where torch has no such registration (2.11), lazyrt makes the one
+    newer torch makes; elsewhere nothing changes."""
+    if compat.has("compiled_linalg_checks"):
+        return
+    from torch._higher_order_ops import effects
+
+    effects._register_effectful_op("aten::_linalg_check_errors", effects._EffectType.ORDERED)
+
+
 PATCHES = (_backward_error_hold, _fast_dispatch_rule_lookup, _matmul_precision,
            _keep_parameter_objects, _foreach_for_tpu_parameters,
            _tpu_generators, _accelerator_api, _flex_attention_devices,
-           _profiler_ranges) + _patches_io.PATCHES
+           _profiler_ranges, _linalg_checks_in_compiled_graphs) + _patches_io.PATCHES
 
 
 def name(patch) -> str:

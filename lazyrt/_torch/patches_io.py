@@ -8,6 +8,7 @@ import functools
 
 import torch
 
+from .._base import compat
 from .._base.tensor import TpuTensor
 from . import serialization as _serialization
 
@@ -118,7 +119,11 @@ def _tpu_storage_guards() -> None:
     cls.__new__ = staticmethod(__new__)
 
     def guard(name):
-        orig = getattr(cls, name)
+        orig = compat.api(f"torch.UntypedStorage.{name}")
+        if orig is None:  # a method this torch has not (``_resize_with_addr_`` before 2.13)
+            compat.skip(f"patch tpu_storage_guards: UntypedStorage.{name}",
+                        f"torch {compat.TORCH} has no UntypedStorage.{name}")
+            return
 
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
@@ -130,6 +135,14 @@ def _tpu_storage_guards() -> None:
 
     for name in ("new", "_byteswap", "_set_from_file", "_resize_with_addr_", "resize_"):
         guard(name)
+
+
+def _convolution_meta(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                      groups, benchmark, deterministic, cudnn_enabled, allow_tf32):
+    """PyTorch's meta kernel of ``_convolution`` (torch 2.13's ``_meta_registrations``): that
+    of ``convolution``."""
+    return torch.ops.aten.convolution.default(input, weight, bias, stride, padding, dilation,
+                                              transposed, output_padding, groups)
 
 
 def _jit_trace_untraced_dispatch() -> None:
@@ -150,6 +163,7 @@ def _jit_trace_untraced_dispatch() -> None:
     installed = []
 
     convolution, _convolution = torch.ops.aten.convolution.default, torch.ops.aten._convolution.default
+    compat.fill_meta(_convolution, _convolution_meta, "convolution_meta")
 
     def untraced(dispatch):
         def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -244,6 +258,7 @@ def _jit_save_load() -> None:
     def jit_save(m, f, _extra_files=None):
         for t in _script_tensors(m):
             if isinstance(t, TpuTensor):
+                compat.require("storage_swap_data_ptr", "torch.jit.save of tpu tensors")
                 t.untyped_storage()
         return save(m, f, _extra_files)
 

@@ -28,15 +28,22 @@ Calling convention of a lowering
   mutated argument and no fresh output the bare new value may be returned. The
   runtime writes those values back (through views too). In-place ``foo_`` and
   ``foo.out`` variants need no lowering: they are derived from ``foo``.
+
+Ops not every supported torch has
+---------------------------------
+``aten`` and ``prims`` here are ``lazyrt._base.compat``'s namespaces: an op or overload the
+running torch lacks is a ``MissingOp``, whose ``@lower`` / ``@inverse`` registration is
+skipped (and listed by ``lazyrt.coverage()["skipped"]``), so a lowering module imports on
+every torch in lazyrt's range without asking for each op.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
 
-import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
+from .._base import compat
 from .._base.dtypes import to_jax as to_jax_dtype
 
 __all__ = ["Lowering", "lower", "named", "LOWERINGS", "get_lowering", "to_jax_dtype", "inverse",
@@ -64,6 +71,11 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
 def _overloads(op) -> Iterable[OpOverload]:
+    op = compat.unwrap(op)
+    if isinstance(op, compat.MissingOp):
+        # NOTE: an op the running torch does not have: nothing to register
+        compat.skip(op.name, f"not an op of torch {compat.TORCH}")
+        return ()
     if isinstance(op, OpOverload):
         return (op,)
     if isinstance(op, OpOverloadPacket):
@@ -82,7 +94,7 @@ def lower(*ops, static_floats: bool = False, mutates: tuple[str, ...] | None = N
 
     def deco(fn: Callable) -> Callable:
         for op in ops:
-            packet = isinstance(op, OpOverloadPacket)
+            packet = isinstance(compat.unwrap(op), OpOverloadPacket)
             for ov in _overloads(op):
                 if ov in LOWERINGS and not replace:
                     if packet:
@@ -125,5 +137,5 @@ def inverse(*ops):
     return deco
 
 
-aten = torch.ops.aten
-prims = torch.ops.prims
+aten = compat.aten
+prims = compat.prims

@@ -45,6 +45,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
+from .._base import compat
 from .._base.metrics import COUNTERS
 from . import pallas_router as _pallas
 from ._registry import aten, lower
@@ -322,3 +323,19 @@ def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsum
 # ---------------------------------------------------------------------------
 # F.scaled_dot_product_attention on tpu -> the overrideable fused op
 # ---------------------------------------------------------------------------
+
+def _overrideable_backward_meta(grad_out, query, key, value, attn_bias, grad_input_mask, out,
+                                logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                is_causal, philox_seed, philox_offset, *, scale=None):
+    """PyTorch's own meta kernel of the overrideable backward (torch 2.13's
+    ``_meta_registrations``): the gradients have their inputs' shapes."""
+    import torch
+
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            torch.empty_like(attn_bias) if attn_bias is not None else None)
+
+
+# NOTE: without a meta kernel lazyrt cannot plan the backward's outputs (torch 2.11 raises
+# "This is an operator for privateuse1 backends"): PyTorch's own, where torch has none.
+compat.fill_meta(aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+                 _overrideable_backward_meta, "sdpa_overrideable_backward_meta")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from .._base import compat
 from ._registry import aten, lower
 
 
@@ -122,9 +123,10 @@ def multilabel_margin_loss_forward(self, target, reduction):
 
 # ---- F.linear_cross_entropy's chunked custom ops (torch.nn.modules.linear_cross_entropy) -----
 
-import torch.nn.modules.linear_cross_entropy  # noqa: E402,F401  (registers torch_nn::*)
-
-_torch_nn = __import__("torch").ops.torch_nn
+# (the feature's probe imports the module, which registers torch_nn::*; a torch without it
+# has none of the ops, and ``@lower`` skips their registration)
+compat.has("linear_cross_entropy")
+_torch_nn = compat.ops("torch_nn")
 
 
 def _linear_ce(input, linear_weight, target, linear_bias, weight, reduction, ignore_index):
