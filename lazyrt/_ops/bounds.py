@@ -104,8 +104,9 @@ def _on_host(c: Check):
     _, lo, hi, host = known
     if lo >= (-c.n if c.neg else 0) and hi < c.n:
         return None  # the storage's range is in range: so is any view of it
-    if host is not None and t._chain is None:
-        return _first_bad(host, c)
+    if host is not None and (t._chain is None or (
+            t.numel() == host.size and t.storage_offset() == 0 and t.is_contiguous())):
+        return _first_bad(host, c)  # (a reshaped view of it reads the same values)
     return _UNKNOWN
 
 
