@@ -362,6 +362,25 @@ def _handler(rule):
     return handler
 
 
+def rule_for(op):
+    """The rule of ATen overload ``op`` (any of its variants), or None; ``index.Tensor`` and
+    ``index_put`` check their list of indices (``index_checks``)."""
+    if op in _LIST_OPS:
+        return _list_rule
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    name = op._schema.name.split("::")[-1]
+    return RULES.get(name) or RULES.get(name.rstrip("_"))
+
+
+def _list_rule(args, kwargs):
+    return index_checks(args[0], arg(args, kwargs, "indices", 1))
+
+
+_LIST_OPS = frozenset({aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+                       aten._index_put_impl_.default})
+
+
 def special_handlers() -> dict:
     """``{overload: handler}`` for every overload (functional, in-place, out=) of the ops in
     ``RULES`` that runs by a lowering (its own or its functional op's)."""
