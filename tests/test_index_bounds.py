@@ -208,3 +208,63 @@ def test_compiled_graph_checks_device_indices(mode):
     with pytest.raises(type(expected)) as ei:
         out.cpu()
     assert str(ei.value).splitlines()[0] == str(expected)
+
+
+# ---- issue 41's other indexing groups ---------------------------------------------------------
+
+
+def _same_error(fn, *args_cpu, args_tpu):
+    with pytest.raises(Exception) as e_cpu:
+        fn(*args_cpu)
+    with pytest.raises(type(e_cpu.value)) as e_tpu:
+        fn(*args_tpu)
+    assert str(e_tpu.value).splitlines()[0] == str(e_cpu.value).splitlines()[0]
+
+
+def test_index_copy_scalar_shapes(mode):
+    """PyTorch's ``test_index_copy_scalars``: every mix of () and (1,) for target, index
+    and source."""
+    import itertools
+
+    for st, si, ss in itertools.product([(), (1,)], repeat=3):
+        target, idx, src = torch.zeros(st), torch.zeros(si, dtype=torch.int64), torch.full(ss, 3.0)
+        t = target.to("tpu")
+        t.index_copy_(0, idx.to("tpu"), src.to("tpu"))
+        target.index_copy_(0, idx, src)
+        assert_close(t, target)
+
+
+def test_bool_index_put_accumulate(mode):
+    x = torch.tensor([False, True, False, False])
+    idx = torch.tensor([0, 0, 2])
+    v = torch.tensor([True, False, False])
+    out = x.to("tpu").index_put_((idx.to("tpu"),), v.to("tpu"), accumulate=True)
+    assert_close(out, x.clone().index_put_((idx,), v, accumulate=True))
+
+
+def test_indices_that_do_not_broadcast(mode):
+    """PyTorch's ``test_broaderrors_indexing``."""
+    a = torch.zeros(5, 5)
+    for fn in (lambda t: t[[0, 1], [0, 1, 2]], lambda t: t.__setitem__(([0, 1], [0, 1, 2]), 0)):
+        _same_error(fn, a.clone(), args_tpu=(a.to("tpu"),))
+
+
+def test_index_fill_complex_value_on_a_real_tensor(mode):
+    for dt in (torch.float32, torch.int64):
+        x = torch.zeros(3, dtype=dt)
+        i = torch.tensor([1])
+        _same_error(lambda t, j: t.index_fill_(0, j, 1 + 1j), x, i, args_tpu=(x.to("tpu"), i.to("tpu")))
+
+
+def test_empty_indices_and_empty_dims(mode):
+    e = torch.tensor([], dtype=torch.int64)
+    cases = [
+        lambda d: torch.zeros(0, 3).to(d)[e.to(d)],
+        lambda d: torch.zeros(3, 0).to(d).index_select(0, torch.tensor([1]).to(d)),
+        lambda d: torch.zeros(0, 3).to(d).index_select(0, e.to(d)),
+        lambda d: torch.zeros(0, 3).to(d).gather(0, torch.zeros(0, 3, dtype=torch.int64).to(d)),
+        lambda d: torch.zeros(3, 0).to(d)[torch.tensor([1, 2]).to(d)],
+        lambda d: torch.zeros(3, 0).to(d)[:, e.to(d)],
+    ]
+    for f in cases:
+        assert_close(f("tpu"), f("cpu"))

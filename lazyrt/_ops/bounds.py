@@ -95,7 +95,9 @@ def _on_host(c: Check):
     """The first bad value of ``c``'s index known on the host (None: all in range), or
     ``_UNKNOWN`` (a device value: checked on the device)."""
     t = c.index
-    if type(t) is not TpuTensor:  # a CPU tensor
+    if type(t) is not TpuTensor:
+        if type(t) is not torch.Tensor or t.device.type != "cpu":
+            return None  # a tracer's tensor (the argument walk hands the op to it), a meta one
         return _first_bad(t.detach().numpy(), c)
     st = t._st
     known = _HOST.get(st)
@@ -188,8 +190,17 @@ def _nll(class_dim):
 
 def index_checks(self, indices) -> list:
     """``self[indices]`` (ATen's list of None / integer / bool tensors): the integer ones,
-    each against the dim it indexes. A bool mask is checked here for its shape (PyTorch's
-    ``IndexError``), and its positions are in range by construction."""
+    each against the dim it indexes. A bool mask is checked here for its shape, integer
+    indices for broadcasting together (PyTorch's ``IndexError``s); a mask's positions are
+    in range by construction."""
+    ints = [t for t in indices if t is not None]
+    if len(ints) > 1 and not any(t.dtype in (torch.bool, torch.uint8) for t in ints):
+        try:
+            torch.broadcast_shapes(*[t.shape for t in ints])
+        except RuntimeError:
+            shapes = ", ".join(str(list(t.shape)) for t in ints)
+            raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together "
+                             f"with shapes {shapes}") from None
     checks = []
     d = 0
     for t in indices:
@@ -213,6 +224,17 @@ def index_checks(self, indices) -> list:
 
 
 _GATHER = _along(RuntimeError, _AT)
+_INDEX_FILL = _along(IndexError, _AT, neg=True)
+
+
+def _index_fill(args, kwargs):
+    value = arg(args, kwargs, "value", 3)
+    if (isinstance(value, complex) or (isinstance(value, torch.Tensor) and value.is_complex())) \
+            and not args[0].is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not "
+                           "supported")
+    return _INDEX_FILL(args, kwargs)
+
 
 # functional op name -> rule(args, kwargs) -> [Check]; its in-place and out= overloads too
 RULES = {
@@ -223,7 +245,7 @@ RULES = {
     "scatter_reduce": _GATHER,
     "index_add": _along(None, None, choose=_index_add_msg),
     "index_copy": _along(IndexError, "index_copy_(): " + _AT),
-    "index_fill": _along(IndexError, _AT, neg=True),
+    "index_fill": _index_fill,
     "index_reduce": _along(IndexError, _IN_SELF),
     "take": _flat(IndexError, _TAKE),
     "put": _flat(IndexError, _TAKE),
