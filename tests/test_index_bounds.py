@@ -98,7 +98,7 @@ def test_in_range_indices_equal_cpu(mode, name):
 def test_python_list_and_negative_list(mode):
     x = torch.arange(5.0)
     t = x.to("tpu")
-    for idx in ([1, 7], [-6], [[0, 1], [5]]):
+    for idx in ([1, 7], [-6], [5, 0]):
         with pytest.raises(IndexError) as e_cpu:
             x[idx]
         with pytest.raises(IndexError) as e_tpu:
@@ -268,3 +268,24 @@ def test_empty_indices_and_empty_dims(mode):
     ]
     for f in cases:
         assert_close(f("tpu"), f("cpu"))
+
+
+def test_values_that_do_not_broadcast_to_the_indexing_result(mode):
+    i, j = torch.tensor([0, 1]), torch.tensor([2, 0])
+    cases = [((i,), (3,)), ((i,), (2, 5, 2)), ((None, i), (2,)), ((i, None, j), (5, 3)),
+             ((i,), (1, 2, 5)), ((i,), (5,)), ((i,), (2, 1)), ((None, i), (5, 1)),
+             ((i, None, j), (2, 5)), ((i, j), (1,))]
+    for idx, vshape in cases:
+        x = torch.zeros(5, 5, 5)
+        v = torch.arange(float(torch.Size(vshape).numel())).view(vshape)
+
+        def put(t, vals, idx=idx):
+            t[tuple(slice(None) if a is None else a.to(t.device) for a in idx)] = vals
+            return t
+
+        try:
+            expected = put(x, v)
+        except RuntimeError:
+            _same_error(put, x, v, args_tpu=(x.to("tpu"), v.to("tpu")))
+            continue
+        assert_close(put(torch.zeros(5, 5, 5).to("tpu"), v.to("tpu")), expected)
