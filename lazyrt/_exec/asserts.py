@@ -5,7 +5,10 @@ is read at the next sync point, as CUDA reports a failed device assert at a late
 so the next flush makes it one of its outputs, as any live tensor's) and ``check`` reads
 the ones that are computed and raises for the first that is false:
 
-  defer   at the end of every flush but a fusion window's segment (``_defer.flush``)
+  defer   at the end of every flush but a fusion window's segment (``_defer.flush``), for
+          the conditions computed by then: a flush does not wait for its program (the one
+          at the end of ``optimizer.step()`` stays asynchronous); the rest at the next host
+          read, ``lazyrt.sync()`` or flush
   strict  at the next host read (``to_host``: ``.item()``, ``.cpu()``, ``print``) and at
           ``torch.tpu.synchronize()`` / ``lazyrt.sync()``; no op blocks on its own
   debug   at once, at the op
@@ -63,13 +66,15 @@ def check_now(v, message, where: str) -> None:
         raise _error(err, where, 0, "at once (debug mode)")
 
 
-def check() -> None:
-    """Read every computed condition; raise for the first false one."""
+def check(wait: bool = True) -> None:
+    """Read every computed condition (``wait=False``: every one whose program has finished);
+    raise for the first false one."""
     if not _checks:
         return
     ready, waiting = [], []
     for c in _checks:
-        (waiting if type(c[0].value) is Pending else ready).append(c)
+        v = c[0].value
+        (waiting if type(v) is Pending or not (wait or v.is_ready()) else ready).append(c)
     if not ready:
         return
     _checks[:] = waiting
