@@ -289,3 +289,18 @@ def test_values_that_do_not_broadcast_to_the_indexing_result(mode):
             _same_error(put, x, v, args_tpu=(x.to("tpu"), v.to("tpu")))
             continue
         assert_close(put(torch.zeros(5, 5, 5).to("tpu"), v.to("tpu")), expected)
+
+
+def test_empty_ndim_index(mode):
+    """PyTorch's ``test_empty_ndim_index``: an index into a dim of size 0 is out of range."""
+    x = torch.randn(2, 3, 4, 5)
+    e = torch.empty(0, 6, dtype=torch.int64)
+    assert_close(x.to("tpu")[:, e.to("tpu")], x[:, e])
+    x = torch.empty(10, 0)
+    t = x.to("tpu")
+    assert t[[1, 2]].shape == (2, 0) and t[[], []].shape == (0,)
+    with pytest.raises(IndexError) as e_cpu:
+        x[:, [0, 1]]
+    with pytest.raises(IndexError) as e_tpu:
+        t[:, [0, 1]]
+    assert str(e_tpu.value) == str(e_cpu.value)

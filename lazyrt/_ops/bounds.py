@@ -218,7 +218,10 @@ def index_checks(self, indices) -> list:
             d += t.dim()
             continue
         if d < self.dim() and t.numel():
-            checks.append(Check(t, self.shape[d], True, IndexError, _AT, d))
+            n = self.shape[d]
+            # (ATen words an index into a dim of size 0 so)
+            fmt = _AT if n else "index is out of bounds for dimension with size 0"
+            checks.append(Check(t, n, True, IndexError, fmt, d))
         d += 1
     return checks
 
