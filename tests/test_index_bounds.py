@@ -304,3 +304,17 @@ def test_empty_ndim_index(mode):
     with pytest.raises(IndexError) as e_tpu:
         t[:, [0, 1]]
     assert str(e_tpu.value) == str(e_cpu.value)
+
+
+def test_unread_checks_stay_bounded_without_a_sync(monkeypatch):
+    """A strict loop that never reads a value does not hold every check it made."""
+    from lazyrt._exec import asserts
+
+    monkeypatch.setattr(asserts, "_DRAIN", 8)
+    w = torch.arange(15.0).view(5, 3).to("tpu")
+    i = _dev(2, "tpu")
+    lazyrt.sync()
+    for _ in range(30):
+        F.embedding(i, w)
+    assert asserts.count() < 30
+    lazyrt.sync()

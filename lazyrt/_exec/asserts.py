@@ -35,11 +35,18 @@ from .._base.ir import Pending
 _checks: list = []
 
 
+# unread checks past which ``add`` reads the computed ones (a loop that never syncs, as a
+# strict training loop without ``.item()``, would otherwise hold them all)
+_DRAIN = 1024
+
+
 def add(st, message, where: str) -> None:
     """Check ``st``'s value at the next sync point: a one-element condition with PyTorch's
     ``message``, or any value that ``message(host value)`` (a judge) turns into None or
     the exception to raise."""
     _checks.append((st, message, where))
+    if len(_checks) >= _DRAIN:
+        check(wait=False)
 
 
 def count() -> int:
