@@ -226,6 +226,29 @@ def index_checks(self, indices) -> list:
     return checks
 
 
+def values_shape_check(x, indices, values) -> None:
+    """``x[indices] = values``: PyTorch's error when ``values`` does not broadcast to the
+    indexing result (the meta kernel takes it; the lowering would fail on it)."""
+    pos = [k for k, t in enumerate(indices) if t is not None]
+    if not pos or len(indices) > x.dim():
+        return  # (the meta kernel raises PyTorch's error)
+    b = list(torch.broadcast_shapes(*[indices[k].shape for k in pos]))
+    n = len(indices)
+    before = [x.shape[k] for k in range(pos[0]) if indices[k] is None]
+    after = [x.shape[k] for k in range(pos[0], n) if indices[k] is None]
+    rest = list(x.shape[n:])
+    if pos == list(range(pos[0], pos[-1] + 1)):  # adjacent: the result takes their place
+        res = before + b + after + rest
+    else:
+        res = b + before + after + rest
+    v = list(values.shape)
+    while len(v) > len(res) and v[0] == 1:
+        v = v[1:]
+    if len(v) > len(res) or any(a not in (1, r) for a, r in zip(reversed(v), reversed(res))):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                           f"broadcast to indexing result of shape {res}")
+
+
 _GATHER = _along(RuntimeError, _AT)
 _INDEX_FILL = _along(IndexError, _AT, neg=True)
 

@@ -253,31 +253,9 @@ def index_put(e, args, kwargs):
             return newv
     long_indices = _bool_to_long_indices(indices)
     if values.dim():
-        _check_values_shape(x, long_indices, values)
+        _bounds.values_shape_check(x, long_indices, values)
     return _bounds.run_checked(e, (x, long_indices, values) + rest, kwargs, checks)
 
-
-def _check_values_shape(x, indices, values) -> None:
-    """``x[indices] = values``: PyTorch's error when ``values`` does not broadcast to the
-    indexing result (the meta kernel takes it; the lowering would fail on it)."""
-    pos = [k for k, t in enumerate(indices) if t is not None]
-    if not pos or len(indices) > x.dim():
-        return  # (the meta kernel raises PyTorch's error)
-    b = list(torch.broadcast_shapes(*[indices[k].shape for k in pos]))
-    n = len(indices)
-    before = [x.shape[k] for k in range(pos[0]) if indices[k] is None]
-    after = [x.shape[k] for k in range(pos[0], n) if indices[k] is None]
-    rest = list(x.shape[n:])
-    if pos == list(range(pos[0], pos[-1] + 1)):  # adjacent: the result takes their place
-        res = before + b + after + rest
-    else:
-        res = b + before + after + rest
-    v = list(values.shape)
-    while len(v) > len(res) and v[0] == 1:
-        v = v[1:]
-    if len(v) > len(res) or any(a not in (1, r) for a, r in zip(reversed(v), reversed(res))):
-        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
-                           f"broadcast to indexing result of shape {res}")
 
 
 def is_pinned(e, args, kwargs):
