@@ -171,6 +171,13 @@ class Config:
     # names of lazyrt's patches of torch and client libraries not to apply (to bisect a
     # problem); read when each patch is installed. See docs/architecture.md, "Patches".
     disabled_patches: frozenset = frozenset()
+    # indices of indexing ops (gather, index_select, embedding, x[idx], ...) that are values
+    # on the device: "async" checks them on the device beside the op and raises PyTorch's
+    # error at the next sync point (as CUDA's device-side assert); "sync" reads the check at
+    # the op (a sync point per such op: PyTorch's error at the op, as on the CPU); "off"
+    # leaves them unchecked (XLA clamps or drops an out-of-range index). Indices known on
+    # the host are always checked at the op. See lazyrt/_ops/bounds.py.
+    index_checks: str = "async"
 
     @classmethod
     def from_env(cls) -> Config:
@@ -192,6 +199,7 @@ class Config:
             host_malloc_cache=_env_bool("LAZYRT_HOST_MALLOC_CACHE", True),
             device_memory=_env_memory("LAZYRT_DEVICE_MEMORY", 0.5),
             disabled_patches=_env_names("LAZYRT_DISABLE_PATCH"),
+            index_checks=_env_choice("LAZYRT_INDEX_CHECKS", ("async", "sync", "off"), "async"),
         )
 
 

@@ -343,7 +343,7 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
     # NOTE: a fusion window's segment (``keep_on_error``, ``_cut``) runs asynchronously and
     # is no sync point: its asserts are read at the next real flush.
     if not keep_on_error:
-        _asserts.check()
+        _asserts.check(wait=False)
 
 
 def _replace_current(tr: Trace) -> None:

@@ -5,6 +5,8 @@ precedence over everything else (the op's lowering, if any, stays on the entry a
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .._base import dtypes as _dtypes
@@ -26,6 +28,7 @@ from .._exec.values import (
     write,
 )
 from . import append as _append
+from . import bounds as _bounds
 from .args import to_meta
 from .handlers import functional, mutating, restride
 
@@ -74,6 +77,7 @@ def copy_(e, args, kwargs):
         with _defer.LOCK:
             old = dst._st.value
             write(dst, host_to_device(src.detach()))
+            _bounds.note_transfer(dst, src)
             if type(old) is Pending:
                 _defer.forget_last(old)
         return dst
@@ -201,11 +205,17 @@ def is_nonzero(e, args, kwargs):
     return bool(local_scalar_dense(e, (t,), {}))
 
 
+_UINT8_MASK = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+               "instead.")
+
+
 def _bool_to_long_indices(indices):
     """PyTorch's expandTensors: a bool/uint8 mask index becomes its nonzero coordinates."""
     out = []
     for idx in indices:
         if idx is not None and idx.dtype in (torch.bool, torch.uint8):
+            if idx.dtype == torch.uint8:
+                warnings.warn(_UINT8_MASK, UserWarning, stacklevel=3)
             nz = aten.nonzero.default(idx if isinstance(idx, TpuTensor) else idx.to("tpu"))
             for j in range(idx.dim()):
                 out.append(aten.select.int(nz, 1, j))
@@ -215,13 +225,17 @@ def _bool_to_long_indices(indices):
 
 
 def index(e, args, kwargs):
+    """``x[indices]``: the integer indices checked against their dims (``_bounds``)."""
     x, indices = args[0], args[1]
-    return functional(e, (x, _bool_to_long_indices(indices)) + tuple(args[2:]), kwargs)
+    checks = _bounds.index_checks(x, indices)
+    return _bounds.run_checked(e, (x, _bool_to_long_indices(indices)) + tuple(args[2:]), kwargs,
+                               checks)
 
 
 def index_put(e, args, kwargs):
     x, indices, values = args[0], args[1], args[2]
     rest = tuple(args[3:])
+    checks = _bounds.index_checks(x, indices)
     # x[mask] = scalar-like: a where(), no sync.
     if (len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool
             and isinstance(indices[0], TpuTensor) and values.numel() == 1
@@ -237,8 +251,11 @@ def index_put(e, args, kwargs):
             if e.mut:
                 return aten.copy_.default(x, newv)
             return newv
-    handler = mutating if e.mut else functional
-    return handler(e, (x, _bool_to_long_indices(indices), values) + rest, kwargs)
+    long_indices = _bool_to_long_indices(indices)
+    if values.dim():
+        _bounds.values_shape_check(x, long_indices, values)
+    return _bounds.run_checked(e, (x, long_indices, values) + rest, kwargs, checks)
+
 
 
 def is_pinned(e, args, kwargs):
@@ -474,4 +491,5 @@ SPECIAL = {
     aten.index.Tensor: index,
     aten.index_put.default: index_put,
     aten.index_put_.default: index_put,
+    **_bounds.special_handlers(),
 }

@@ -32,6 +32,8 @@ def index_put(self, indices, values, accumulate=False):
     idx = _index_tuple(self, indices)
     values = values.astype(self.dtype)
     if accumulate:
+        if self.dtype == jnp.bool_:  # bool addition is a logical or
+            return self.at[idx].max(values)
         return self.at[idx].add(values)
     return self.at[idx].set(values)
 
@@ -156,24 +158,33 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     return _reduce_into(self, idx, src, reduce, include_self, "scatter_reduce")
 
 
+def _along_dim(self, dim, index, source):
+    """The positions of ``index`` along ``dim`` of ``self`` and ``source`` shaped to them (a
+    0-d index is one position; a 0-d or 1-element source fills it, as ATen takes them)."""
+    d = canon_dim(dim, self.ndim)
+    index = index.reshape(-1).astype(jnp.int64)
+    idx = [slice(None)] * self.ndim
+    idx[d] = index
+    shape = self.shape[:d] + (index.shape[0],) + self.shape[d + 1:]
+    if hasattr(source, "shape") and source.shape != shape:
+        source = source.reshape(shape)
+    return tuple(idx), source
+
+
 @lower(aten.index_add.default)
 def index_add(self, dim, index, source, *, alpha=1):
-    d = canon_dim(dim, self.ndim) if self.ndim else 0
     if self.ndim == 0:
         return self + alpha * source.reshape(())
-    idx = [slice(None)] * self.ndim
-    idx[d] = index.astype(jnp.int64)
-    return self.at[tuple(idx)].add((alpha * source).astype(self.dtype))
+    idx, source = _along_dim(self, dim, index, source)
+    return self.at[idx].add((alpha * source).astype(self.dtype))
 
 
 @lower(aten.index_copy.default)
 def index_copy(self, dim, index, source):
     if self.ndim == 0:
         return source.reshape(())
-    d = canon_dim(dim, self.ndim)
-    idx = [slice(None)] * self.ndim
-    idx[d] = index.astype(jnp.int64)
-    return self.at[tuple(idx)].set(source.astype(self.dtype))
+    idx, source = _along_dim(self, dim, index, source)
+    return self.at[idx].set(source.astype(self.dtype))
 
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
