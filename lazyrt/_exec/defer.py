@@ -53,6 +53,7 @@ from .._base.metrics import COUNTERS, register_gauge
 from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
+from . import scalars as _scalars
 from . import xla as _xla
 from .program import build_fn, hash_hex, needed, scalar_struct
 from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
@@ -383,9 +384,14 @@ def _execute(exe, donated: list, kept: list, scal):
     t0 = time.perf_counter()
     # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
     # there), never at a call: no warning filter here (~0.2 ms a flush).
+    sv = exe.sc_dev
+    if sv is None:
+        sv = exe.sc_dev = _scalars.vector_for(exe.compiled, -1) or False
+    scal = exe.scalar_input(scal)
+    if sv:
+        scal = sv.put(scal)  # one explicit transfer, none when the values are the last ones
     with _X64(True):
-        results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
-            donated, kept, exe.scalar_input(scal))
+        results = (getattr(exe.compiled, "_call", None) or exe.compiled)(donated, kept, scal)
     exec_s = time.perf_counter() - t0
     if donated:
         memory.untrack(donated)
