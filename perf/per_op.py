@@ -3,9 +3,10 @@ the minimum over ``--reps`` chains of ``--ops`` 4x4 ``mul``/``add`` ops, for the
 (``floor_dispatch``: a ``__torch_dispatch__`` that only returns a new wrapper; ``floor_jit``:
 a cached ``jax.jit`` call per op), defer recording (the trace is dropped, never run) and
 strict (every op run; ``strict_scalar``: ``y * 0.999``, ``y + 0.001``, the scalars runtime
-inputs); and ``flush_hit_200``, the CPU time of one cache-hit flush of a
-200-op trace (``x = x + b`` on 4x4; the trace recorded before the clock starts;
-``flush_hit_200_scalar``: the scalar chain, 200 runtime scalars).
+inputs; ``strict_new_scalar``: a value never used before at every op); and
+``flush_hit_200``, the CPU time of one cache-hit flush of a 200-op trace (``x = x + b`` on
+4x4; the trace recorded before the clock starts; ``flush_hit_200_scalar``: the scalar
+chain, 200 runtime scalars).
 
     python -m perf.per_op [--ops 2000] [--reps 25]
 
@@ -30,6 +31,19 @@ def _chain_scalars(y, n):
     for _ in range(n // 2):
         y = y * 0.999
         y = y + 0.001
+    return y
+
+
+_NEW = [0]
+
+
+def _chain_new_scalars(y, n):
+    """The chain with a value never used before at every op (as a random op's seed)."""
+    k = _NEW[0]
+    for i in range(k, k + n // 2):
+        y = y * (1.0 + i * 1e-12)
+        y = y + i * 1e-12
+    _NEW[0] = k + n // 2
     return y
 
 
@@ -108,8 +122,14 @@ def main(argv=None) -> int:
 
         strict_scalar(a.ops)
         res["strict_scalar"] = _best(strict_scalar, a.reps, a.ops)
+
+        def strict_new_scalar(n):
+            _chain_new_scalars(tx, n).cpu()
+
+        strict_new_scalar(a.ops)
+        res["strict_new_scalar"] = _best(strict_new_scalar, a.reps, a.ops)
     for k, v in res.items():
-        print(f"{k:<15} {v:6.2f} us/op (CPU time, min of {a.reps})")
+        print(f"{k:<17} {v:6.2f} us/op (CPU time, min of {a.reps})")
     for name, (flush_us, flush_wall) in flushes.items():
         print(f"{name:<15} {flush_us / 1e3:6.3f} ms per flush (CPU time, min of {a.reps}; "
               f"wall {flush_wall / 1e3:.3f} ms)")
