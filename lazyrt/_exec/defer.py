@@ -386,7 +386,7 @@ def _execute(exe, donated: list, kept: list, scal):
     # there), never at a call: no warning filter here (~0.2 ms a flush).
     sv = exe.sc_dev
     if sv is None:
-        sv = exe.sc_dev = _scalars.vector_for(exe.compiled, -1) or False
+        sv = exe.sc_dev = _scalars.vector_for(exe.compiled, len(donated) + len(kept) + 1) or False
     scal = exe.scalar_input(scal)
     if sv:
         scal = sv.put(scal)  # one explicit transfer, none when the values are the last ones

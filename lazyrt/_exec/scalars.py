@@ -235,28 +235,31 @@ def store(sharding) -> Store:
 
 def input_shardings(exe) -> tuple | None:
     """The flat input shardings ``exe`` (a ``jax.stages.Compiled``, or lazyrt's wrapper of
-    one) was compiled for, or None when it does not say."""
+    one) was compiled for (None at an argument the program does not read: JAX drops it,
+    it is never transferred), or None when ``exe`` does not say."""
     exe = getattr(exe, "exe", exe)  # ``_xla.FirstTier``
     try:
-        return tuple(jax.tree_util.tree_leaves(exe.input_shardings[0]))
+        return tuple(jax.tree_util.tree_leaves(exe.input_shardings[0],
+                                               is_leaf=lambda x: x is None))
     except Exception:
         return None
 
 
 def store_for(exe, n_arrays: int, n_scalars: int) -> Store | None:
     """The store of ``exe``'s scalar inputs (its last ``n_scalars`` of ``n_arrays +
-    n_scalars``), or None where they do not share one sharding (they are passed as
-    Python scalars then)."""
+    n_scalars``), or None where those it reads do not share one sharding on one device or
+    replicated (they are passed as Python scalars then)."""
     sh = input_shardings(exe)
     if sh is None or len(sh) != n_arrays + n_scalars:
         return None
-    sc = set(sh[n_arrays:])
+    sc = {s for s in sh[n_arrays:] if s is not None}
     if len(sc) != 1:
         return None
     try:
-        return store(sc.pop())
+        st = store(sc.pop())
     except TypeError:  # an unhashable sharding
         return None
+    return st if st.devs is not None else None
 
 
 class Vector:
@@ -282,13 +285,15 @@ class Vector:
         return dev
 
 
-def vector_for(exe, position: int) -> Vector | None:
-    """A ``Vector`` for the input of ``exe`` at flat ``position`` (its last: a flush's
-    scalar vector), or None when ``exe`` does not say its sharding."""
+def vector_for(exe, n_inputs: int) -> Vector | None:
+    """A ``Vector`` for the last of the ``n_inputs`` flat inputs of ``exe`` (a flush's
+    scalar vector), or None where ``exe`` does not say its sharding, does not read it, or
+    takes it otherwise than on one device or replicated."""
     sh = input_shardings(exe)
-    if sh is None or not sh:
+    if sh is None or len(sh) != n_inputs or sh[-1] is None:
         return None
-    return Vector(sh[position])
+    v = Vector(sh[-1])
+    return v if v.devs is not None else None
 
 
 def clear() -> None:
