@@ -2,8 +2,11 @@
 the minimum over ``--reps`` chains of ``--ops`` 4x4 ``mul``/``add`` ops, for the two floors
 (``floor_dispatch``: a ``__torch_dispatch__`` that only returns a new wrapper; ``floor_jit``:
 a cached ``jax.jit`` call per op), defer recording (the trace is dropped, never run) and
-strict (every op run); and ``flush_hit_200``, the CPU time of one cache-hit flush of a
-200-op trace (``x = x + b`` on 4x4; the trace recorded before the clock starts).
+strict (every op run; ``strict_scalar``: ``y * 0.999``, ``y + 0.001``, the scalars runtime
+inputs; ``strict_new_scalar``: a value never used before at every op); and
+``flush_hit_200``, the CPU time of one cache-hit flush of a 200-op trace (``x = x + b`` on
+4x4; the trace recorded before the clock starts; ``flush_hit_200_scalar``: the scalar
+chain, 200 runtime scalars).
 
     python -m perf.per_op [--ops 2000] [--reps 25]
 
@@ -20,6 +23,27 @@ def _chain(y, a, n):
     for _ in range(n // 2):
         y = y * a
         y = y + a
+    return y
+
+
+def _chain_scalars(y, n):
+    """The same chain with Python float operands: runtime scalars."""
+    for _ in range(n // 2):
+        y = y * 0.999
+        y = y + 0.001
+    return y
+
+
+_NEW = [0]
+
+
+def _chain_new_scalars(y, n):
+    """The chain with a value never used before at every op (as a random op's seed)."""
+    k = _NEW[0]
+    for i in range(k, k + n // 2):
+        y = y * (1.0 + i * 1e-12)
+        y = y + i * 1e-12
+    _NEW[0] = k + n // 2
     return y
 
 
@@ -72,28 +96,43 @@ def main(argv=None) -> int:
 
         res["defer_record"] = _best(record, a.reps, a.ops)
 
-        def flush_hit():
-            y = tx
-            for _ in range(200):
+        def flush_hit(scalars=False):
+            y = _chain_scalars(tx, 200) if scalars else tx
+            for _ in range(0 if scalars else 200):
                 y = y + tw
             t0, w0 = time.thread_time(), time.perf_counter()
             lazyrt.sync()
             return (time.thread_time() - t0) * 1e6, (time.perf_counter() - w0) * 1e6
 
-        for _ in range(3):
-            flush_hit()  # compile, then hits
-        fl = [flush_hit() for _ in range(a.reps)]
-        flush_us, flush_wall = min(c for c, _ in fl), min(w for _, w in fl)
+        flushes = {}
+        for name, sc in (("flush_hit_200", False), ("flush_hit_200_scalar", True)):
+            for _ in range(3):
+                flush_hit(sc)  # compile, then hits
+            fl = [flush_hit(sc) for _ in range(a.reps)]
+            flushes[name] = (min(c for c, _ in fl), min(w for _, w in fl))
     with lazyrt.set_mode("strict"):
         def strict(n):
             _chain(tx, tw, n).cpu()
 
         strict(a.ops)
         res["strict"] = _best(strict, a.reps, a.ops)
+
+        def strict_scalar(n):
+            _chain_scalars(tx, n).cpu()
+
+        strict_scalar(a.ops)
+        res["strict_scalar"] = _best(strict_scalar, a.reps, a.ops)
+
+        def strict_new_scalar(n):
+            _chain_new_scalars(tx, n).cpu()
+
+        strict_new_scalar(a.ops)
+        res["strict_new_scalar"] = _best(strict_new_scalar, a.reps, a.ops)
     for k, v in res.items():
-        print(f"{k:<15} {v:6.2f} us/op (CPU time, min of {a.reps})")
-    print(f"flush_hit_200   {flush_us / 1e3:6.3f} ms per flush (CPU time, min of {a.reps}; "
-          f"wall {flush_wall / 1e3:.3f} ms)")
+        print(f"{k:<17} {v:6.2f} us/op (CPU time, min of {a.reps})")
+    for name, (flush_us, flush_wall) in flushes.items():
+        print(f"{name:<15} {flush_us / 1e3:6.3f} ms per flush (CPU time, min of {a.reps}; "
+              f"wall {flush_wall / 1e3:.3f} ms)")
     print(f"defer_record / floor_dispatch {res['defer_record'] / res['floor_dispatch']:.2f}x, "
           f"strict / floor_jit {res['strict'] / res['floor_jit']:.2f}x")
     return 0

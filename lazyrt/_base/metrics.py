@@ -56,6 +56,9 @@ _ZERO = {
     "tier_dropped": 0,
     # constants made on the host instead of by a compiled program (``_exec.consts``)
     "host_constants": 0,
+    # explicit transfers of runtime scalars (``_exec.scalars``): one per strict op whose
+    # scalars held a value not on the device yet, one per flush whose scalars changed
+    "scalar_transfers": 0,
 }
 
 COUNTERS: dict[str, float] = dict(_ZERO)

@@ -54,6 +54,7 @@ from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
 from . import profile as _profile
+from . import scalars as _scalars
 from . import xla as _xla
 from .program import build_fn, hash_hex, needed, scalar_struct
 from .trace import _MASK, _SHIFT, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
@@ -369,7 +370,7 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
     n_slots = len(scal) if first is None else len(first)
     args = (*arrays, scalar_struct(n_slots))
     compiled, mem, compile_s, upgrade = _xla.compile_program(
-        fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
+        fn, args, donate_argnums=(0,), lean=True, tiered=True, kind="flush") if runner is None \
         else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
     out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
     exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,
@@ -388,9 +389,14 @@ def _execute(exe, donated: list, kept: list, scal):
     t0 = time.perf_counter()
     # NOTE: JAX warns about unusable donations when lowering (``_xla`` filters it
     # there), never at a call: no warning filter here (~0.2 ms a flush).
+    sv = exe.sc_dev
+    if sv is None:
+        sv = exe.sc_dev = _scalars.vector_for(exe.compiled, len(donated) + len(kept) + 1) or False
+    scal = exe.scalar_input(scal)
+    if sv:
+        scal = sv.put(scal)  # one explicit transfer, none when the values are the last ones
     with _X64(True), _profile.span(_profile.EXECUTE):
-        results = (getattr(exe.compiled, "_call", None) or exe.compiled)(
-            donated, kept, exe.scalar_input(scal))
+        results = (getattr(exe.compiled, "_call", None) or exe.compiled)(donated, kept, scal)
     exec_s = time.perf_counter() - t0
     if donated:
         memory.untrack(donated)

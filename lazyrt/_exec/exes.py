@@ -20,7 +20,8 @@ class Exe:
     """A compiled flush, with the trace structure it was compiled for."""
 
     __slots__ = ("compiled", "mem", "desc", "src", "hits", "out_nbytes", "largest", "nodes",
-                 "refs", "leaf_avals", "sc_first", "sc_slots", "sc_gather", "trace_hash")
+                 "refs", "leaf_avals", "sc_first", "sc_slots", "sc_gather", "trace_hash",
+                 "sc_dev")
 
     def __init__(self, compiled, mem, tr: Trace, src, out_avals, sc_first=None, sc_slots=None,
                  trace_hash: str = ""):
@@ -30,6 +31,9 @@ class Exe:
         self.sc_slots = sc_slots
         # per scalar, the position of the first scalar of its slot (``fits``)
         self.sc_gather = None if sc_slots is None else np.asarray(sc_first)[sc_slots]
+        # the scalar vector on the device (``_defer``: a ``_scalars.Vector``; None: not
+        # made yet, False: passed as a host array)
+        self.sc_dev = None
         self.trace_hash = trace_hash
         self.mem = mem
         self.desc = describe(tr)

@@ -28,6 +28,7 @@ from .._base.metrics import COUNTERS
 from . import consts as _consts
 from . import debug as _debug
 from . import profile as _profile
+from . import scalars as _scalars
 from . import xla as _xla
 
 _X64 = jax.enable_x64
@@ -44,7 +45,8 @@ def _compile(prog: Prog, arrays, scalars):
         exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars),
                                                  donate_argnums=prog.donate)
         upgrade = None
-        prog.direct = (exe, None, None)
+        prog.direct = (exe, None, None, _scalars.store_for(exe, len(arrays), len(scalars))
+                       if scalars else None)
     else:
         exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars),
                                                           tiered=True)
@@ -72,19 +74,23 @@ _by_sharding: LRUCache = LRUCache(maxsize=256)
 
 def _run_resharded(prog, arrays, scalars):
     key = (prog.uid, tuple(a.sharding for a in arrays))
-    exe = _by_sharding.get(key)
-    if exe is None:
+    found = _by_sharding.get(key)
+    if found is None:
         exe = _xla.compile_program(prog.fn, (*arrays, *scalars))[0]
-        _by_sharding[key] = exe
-    return exe(*arrays, *scalars)
+        st = _scalars.store_for(exe, len(arrays), len(scalars)) if scalars else None
+        found = _by_sharding[key] = (exe, st)
+    exe, st = found
+    dev = None if st is None else st.put(scalars)
+    return exe(*arrays, *scalars) if dev is None else exe(*arrays, *dev)
 
 
 def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> list:
     """Run ``prog`` now; returns its output arrays (dispatched asynchronously).
 
     The hot path of strict mode: the executable called the cheapest way (``_direct``),
-    its outputs counted and its peak folded in (``memory.count_run``). What only a log
-    or debug mode needs (timing, the log record, the checks) is in ``_run_slow``.
+    its scalars passed as device arrays (``_scalars``: no implicit transfer), its outputs
+    counted and its peak folded in (``memory.count_run``). What only a log or debug mode
+    needs (timing, the log record, the checks) is in ``_run_slow``.
     """
     if _PROFILING[0]:  # a torch profiler records: the op in its range
         return _profile.strict_op(_run_slow, prog, arrays, scalars, log)
@@ -101,7 +107,19 @@ def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> lis
     d = prog.direct
     if d is None or d[0] is not exe:
         d = prog.direct = _direct(exe, arrays, scalars)
-    if d[1] is not None:
+    if scalars:
+        dev = None if d[3] is None else d[3].put(scalars)
+        if dev is None:
+            outs = _call(exe, prog, arrays, scalars)
+        elif d[1] is not None:
+            args = arrays + dev
+            try:
+                outs = d[1](args).consume_with_handlers(d[2])
+            except Exception:
+                outs = _call(exe, prog, arrays, scalars, dev)
+        else:
+            outs = _call(exe, prog, arrays, scalars, dev)
+    elif d[1] is not None:
         try:
             outs = d[1](arrays).consume_with_handlers(d[2])
         except Exception:
@@ -114,11 +132,14 @@ def run(prog: Prog, arrays: list, scalars: list, log: bool | None = None) -> lis
     return outs
 
 
-def _call(exe, prog: Prog, arrays: list, scalars: list) -> list:
+def _call(exe, prog: Prog, arrays: list, scalars: list, dev: list | None = None) -> list:
     """``exe`` on the arguments through JAX's C++ call (``jax.stages.Compiled._call``, made
-    by its first call: the path a cached ``jax.jit`` call takes)."""
+    by its first call: the path a cached ``jax.jit`` call takes). ``dev``: the scalars as
+    device arrays (None: passed as Python scalars, each an implicit transfer)."""
     call = getattr(exe, "_call", None) or exe
     try:
+        if dev is not None:
+            return call(*arrays, *dev)
         if scalars:
             # NOTE: float64/int64 scalars need x64 at the call; array inputs keep their
             # dtypes without it, so most ops skip the context (~0.7 us).
@@ -138,43 +159,50 @@ _DIRECT_OK: list = [None]
 
 
 def _direct(exe, arrays: list, scalars: list) -> tuple:
-    """``(exe, execute, out handlers)``: how strict calls ``exe`` from now on.
+    """``(exe, execute, out handlers, scalar store)``: how strict calls ``exe`` from now on.
 
+    The scalar store (``_scalars.Store``) makes the scalars device arrays of the sharding
+    ``exe`` takes them in (None: ``exe`` does not say, they are passed as Python scalars).
     The cheapest call JAX offers is its loaded XLA executable's ``execute_sharded`` on the
     argument arrays, with the output handlers of JAX's own call (~0.5 us less per op than
     ``Compiled._call``, which checks each argument's aval, sharding and layout first, and
     ~1 us less than ``Compiled.__call__``; ``python -m perf.per_op --calls``). Taken only
-    where it is exactly what JAX's call does: array arguments only (no Python scalars to
-    convert), all of them kept by the program, default layouts, one device, no effects,
+    where it is exactly what JAX's call does: array arguments only (the scalars as device
+    arrays), all of them kept by the program, default layouts, one device, no effects,
     host callbacks or mutable arrays, no ``jax_debug_nans``/``infs``. A call that raises
     (an array on another device, a deleted one) is repeated through ``Compiled._call``, whose
     error is the one raised. ``execute`` is None where the C++ call is used. The first
     executable that qualifies is run both ways once, and the direct call is used only if
     the two give the same outputs bit for bit (a JAX whose internals changed falls back)."""
-    if scalars or _DIRECT_OK[0] is False:
-        return (exe, None, None)
+    st = _scalars.store_for(exe, len(arrays), len(scalars)) if scalars else None
+    if (scalars and st is None) or _DIRECT_OK[0] is False or not hasattr(exe, "_executable"):
+        return (exe, None, None, st)  # (``_xla.FirstTier``: called through its own call)
     try:
+        dev = st.put(scalars) if scalars else []
+        if dev is None:
+            return (exe, None, None, st)
+        args = arrays + dev
         ex = exe._executable
         u = ex.unsafe_call
         single = all(type(sh).__name__ == "SingleDeviceSharding"
                      for sh in u.in_handler.in_shardings)
-        ok = (not exe._params.const_args and u.kept_var_idx == set(range(len(arrays)))
+        ok = (not exe._params.const_args and u.kept_var_idx == set(range(len(args)))
               and all(lay is None for lay in u.in_handler.in_layouts) and single
               and u.mut is None and not u.ordered_effects and not u.has_unordered_effects
               and not u.has_host_callbacks and not jax.config.jax_debug_nans
               and not jax.config.jax_debug_infs)
         if not ok:
-            return (exe, None, None)
+            return (exe, None, None, st)
         execute, handlers = u.xla_executable.execute_sharded, u.out_handler.handlers
         if _DIRECT_OK[0] is None:
-            _DIRECT_OK[0] = _same(execute(arrays).consume_with_handlers(handlers),
-                                  (getattr(exe, "_call", None) or exe)(*arrays))
+            _DIRECT_OK[0] = _same(execute(args).consume_with_handlers(handlers),
+                                  (getattr(exe, "_call", None) or exe)(*args))
             if not _DIRECT_OK[0]:
-                return (exe, None, None)
-        return (exe, execute, handlers)
+                return (exe, None, None, st)
+        return (exe, execute, handlers, st)
     except Exception:
         _DIRECT_OK[0] = False
-        return (exe, None, None)
+        return (exe, None, None, st)
 
 
 def _same(a: list, b: list) -> bool:
@@ -198,8 +226,14 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
         except KeyError:
             pass
     live_before = _state["live"]
+    dev = None
+    if scalars:
+        d = prog.direct
+        st = d[3] if d is not None and d[0] is exe else \
+            _scalars.store_for(exe, len(arrays), len(scalars))
+        dev = None if st is None else st.put(scalars)
     t0 = time.perf_counter()
-    outs = _call(exe, prog, arrays, scalars)
+    outs = _call(exe, prog, arrays, scalars, dev)
     dt = time.perf_counter() - t0
     COUNTERS["executions"] += 1
     COUNTERS["execute_seconds"] += dt

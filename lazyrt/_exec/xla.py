@@ -1,7 +1,10 @@
 """XLA compile options lazyrt passes to every executable it builds.
 
 They are given per compile (``Lowered.compile(compiler_options=...)``), never through the
-process-wide ``XLA_FLAGS``, so the user's own JAX code keeps XLA's defaults.
+process-wide ``XLA_FLAGS``, so the user's own JAX code keeps XLA's defaults. Which options
+a program gets depends on the platform and the program's class (a strict program with or
+without a dot or convolution, a defer flush): the table ``_base.backend_choices``
+(section "compile options"), read here only (``program_options``).
 
 On XLA:CPU the elementwise loops XLA emits itself (not the matmuls, which go to its
 kernel libraries) are vectorized for 256-bit registers by default. On a CPU with AVX-512,
@@ -21,10 +24,11 @@ import warnings
 import jax
 from jax.experimental import serialize_executable as _se
 
+from .._base import backend_choices as _choices
 from .._base.config import config
 from .._base.memory import MemoryAnalysis
 from .._base.metrics import COUNTERS
-from .._base.platform import on_cpu
+from .._base.platform import on_cpu, platform
 from . import diskcache as _diskcache
 from . import lean as _lean
 from . import profile as _profile
@@ -58,7 +62,8 @@ def _vector_width() -> int | None:
 
 @functools.cache
 def compile_options() -> dict:
-    """Options for ``Lowered.compile`` (empty off CPU)."""
+    """The host's options for every program (the CPU's vector width; empty off CPU); the
+    per-class ones are ``program_options``'s."""
     if not on_cpu():
         return {}
     w = _vector_width()
@@ -73,12 +78,40 @@ def compile_options() -> dict:
 _WIDTH_UNSAFE = re.compile(r"\.atan\b")
 
 
-def full_options(text: str | None) -> dict:
-    """The options a program is compiled with (``text``: its StableHLO, for the width rule)."""
-    opts = compile_options()
+_DOT_OR_CONV = re.compile(r"stablehlo\.(?:dot_general|dot|convolution)\b")
+
+
+def program_class(kind: str, text: str | None) -> str:
+    """The class of a program (``_choices.PROGRAM_CLASSES``): ``kind`` is "flush" for a
+    defer flush, "op" for a strict program, which is "dot" if its StableHLO ``text`` holds
+    a dot or a convolution."""
+    if kind == "flush":
+        return "flush"
+    return "dot" if text is not None and _DOT_OR_CONV.search(text) else "op"
+
+
+def _class_needs_text(kind: str) -> bool:
+    """Whether telling "op" from "dot" changes the options on this platform."""
+    if kind == "flush":
+        return False
+    p = platform()
+    return _choices.compile_options_for(p, "op") != _choices.compile_options_for(p, "dot")
+
+
+def program_options(text: str | None, kind: str = "op") -> dict:
+    """The options a program is compiled with: its class's row of the table for this
+    platform, and on the CPU the host's vector width (``text``: its StableHLO, for the
+    class and the width rule)."""
+    opts = {**_choices.compile_options_for(platform(), program_class(kind, text)),
+            **compile_options()}
     if "xla_cpu_prefer_vector_width" in opts and _WIDTH_UNSAFE.search(text or ""):
-        opts = {k: v for k, v in opts.items() if k != "xla_cpu_prefer_vector_width"}
+        del opts["xla_cpu_prefer_vector_width"]
     return opts
+
+
+def full_options(text: str | None, kind: str = "op") -> dict:
+    """``program_options`` (the name perf scripts use)."""
+    return program_options(text, kind)
 
 
 # The first tier: LLVM at -O0. Measured on this project's programs (XLA:CPU, jaxlib 0.10.2;
@@ -91,15 +124,18 @@ def full_options(text: str | None) -> dict:
 FIRST_TIER = {"xla_backend_optimization_level": 0}
 
 
-def _needs_text(opts: dict) -> bool:
-    return "xla_cpu_prefer_vector_width" in opts or _diskcache.directory() is not None
+def _needs_text(opts: dict, kind: str = "op") -> bool:
+    return ("xla_cpu_prefer_vector_width" in opts or _diskcache.directory() is not None
+            or _class_needs_text(kind))
 
 
-def compile(lowered, opts: dict | None = None):
-    """Compile a ``jax.stages.Lowered`` with lazyrt's options (or ``opts``)."""
+def compile(lowered, opts: dict | None = None, kind: str = "flush"):
+    """Compile a ``jax.stages.Lowered`` with lazyrt's options for a program of ``kind``
+    (or ``opts``)."""
     if opts is None:
         base = compile_options()
-        opts = full_options(lowered.as_text() if "xla_cpu_prefer_vector_width" in base else None)
+        need = "xla_cpu_prefer_vector_width" in base or _class_needs_text(kind)
+        opts = program_options(lowered.as_text() if need else None, kind)
     return lowered.compile(compiler_options=opts) if opts else lowered.compile()
 
 
@@ -192,7 +228,7 @@ class Upgrade:
 
 
 def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = False,
-                    tiered: bool = False):
+                    tiered: bool = False, kind: str = "op"):
     """Lower ``fn`` at ``args`` and compile it with lazyrt's options: the one place every
     lazyrt executable (a strict op, a defer flush) is built. Returns ``(executable,
     memory analysis, seconds)`` and counts the compile in ``lazyrt._base.metrics``. ``lean``:
@@ -206,6 +242,9 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     returned: an ``Upgrade`` (None when the executable is already the optimized one) that
     the caller ``arm``s once the executable is in its slot.
 
+    ``kind``: "op" (a strict program) or "flush" (a defer flush): with the program's
+    StableHLO it picks the options' row (``program_options``).
+
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
     upgrade = None
@@ -213,8 +252,8 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         jitted = jax.jit(fn, donate_argnums=donate_argnums)
         lowered = _lean.lower(jitted, args) if lean else jitted.lower(*args)
-        text = lowered.as_text() if _needs_text(compile_options()) else None
-        opts = full_options(text)
+        text = lowered.as_text() if _needs_text(compile_options(), kind) else None
+        opts = program_options(text, kind)
         name = None if text is None or _diskcache.directory() is None else \
             _diskcache.key(lowered, text, opts)
         exe = _load(name, lowered)
