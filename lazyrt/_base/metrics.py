@@ -58,6 +58,9 @@ _ZERO = {
 
 COUNTERS: dict[str, float] = dict(_ZERO)
 FALLBACK_OPS: collections.Counter = collections.Counter()
+# Programs compiled (cache misses) per op family: a strict program's name (the op's
+# packet, ``view``, ``write_through_view``), ``flush`` for a defer flush.
+COMPILES_BY_OP: collections.Counter = collections.Counter()
 _GAUGES: dict = {}
 
 
@@ -67,11 +70,13 @@ def register_gauge(name: str, read) -> None:
 
 
 def counters() -> dict:
-    """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count)."""
+    """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count) and
+    ``compiles_by_op`` (op family -> programs compiled)."""
     out = dict(COUNTERS)
     for name, read in _GAUGES.items():
         out[name] = read()
     out["cpu_fallback_ops"] = dict(FALLBACK_OPS)
+    out["compiles_by_op"] = dict(COMPILES_BY_OP)
     return out
 
 
@@ -79,6 +84,7 @@ def reset() -> None:
     """Zero every counter (the compile caches are kept)."""
     COUNTERS.update(_ZERO)
     FALLBACK_OPS.clear()
+    COMPILES_BY_OP.clear()
 
 
 def report() -> str:
@@ -87,7 +93,7 @@ def report() -> str:
     lines = ["lazyrt metrics"]
     width = max(len(k) for k in c)
     for k, v in c.items():
-        if k == "cpu_fallback_ops":
+        if k in ("cpu_fallback_ops", "compiles_by_op"):
             continue
         if isinstance(v, float):
             lines.append(f"  {k:<{width}}  {v:.4f}")
@@ -96,6 +102,10 @@ def report() -> str:
     hits, misses = c["cache_hits"], c["cache_misses"]
     if hits + misses:
         lines.append(f"  {'cache_hit_rate':<{width}}  {hits / (hits + misses):.1%}")
+    if c["compiles_by_op"]:
+        lines.append("  programs compiled by op:")
+        for name, n in sorted(c["compiles_by_op"].items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"    {name}: {n}")
     if c["cpu_fallback_ops"]:
         lines.append("  cpu fallbacks by op:")
         for name, n in sorted(c["cpu_fallback_ops"].items()):

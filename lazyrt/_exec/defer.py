@@ -49,7 +49,7 @@ from .._base import memory
 from .._base import source as _source
 from .._base.config import config
 from .._base.ir import Pending, Prog
-from .._base.metrics import COUNTERS, register_gauge
+from .._base.metrics import COMPILES_BY_OP, COUNTERS, register_gauge
 from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
@@ -357,6 +357,7 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
         COUNTERS["cache_hits"] += 1
         return exe, 0.0
     _count_graph_misses(tr)
+    COMPILES_BY_OP["flush"] += 1
     if config.explain_recompile:
         _explain(tr, src)
     first, slots = _exes.scalar_layout(scal)

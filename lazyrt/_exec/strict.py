@@ -24,7 +24,7 @@ from .._base import memory
 from .._base.config import config
 from .._base.ir import Prog
 from .._base.memory import _state
-from .._base.metrics import COUNTERS
+from .._base.metrics import COMPILES_BY_OP, COUNTERS
 from . import consts as _consts
 from . import debug as _debug
 from . import xla as _xla
@@ -36,6 +36,7 @@ _compiled: collections.OrderedDict = collections.OrderedDict()
 
 
 def _compile(prog: Prog, arrays, scalars):
+    COMPILES_BY_OP[prog.name] += 1
     if prog.donate:
         # NOTE: called through JAX's own call (``direct`` fixed to it), which marks donated
         # arrays deleted; never tiered (no second executable to swap in)
@@ -73,6 +74,7 @@ def _run_resharded(prog, arrays, scalars):
     exe = _by_sharding.get(key)
     if exe is None:
         exe = _xla.compile_program(prog.fn, (*arrays, *scalars))[0]
+        COMPILES_BY_OP[prog.name] += 1
         _by_sharding[key] = exe
     return exe(*arrays, *scalars)
 

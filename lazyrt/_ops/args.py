@@ -4,7 +4,10 @@
 The walk is the hot path of every op: it appends each tensor input's value to ``vals``
 and each runtime float to ``scal`` and returns the hashable key of the rest. A view input
 is keyed by its chain and passes its *base* value: the op applies the view steps itself
-(XLA fuses them), so views are never materialized on their own.
+(XLA fuses them), so views are never materialized on their own. A view at runtime
+positions (``_exec.views.PosChain``: ``x[i]``) is keyed without them, and without its
+storage offset (which moves with them): its positions go to ``scal`` as runtime ints, so
+one plan serves every position (``_ops.positions``).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import torch
 
 from .._base.tensor import TpuTensor, storage_extent
 from .._exec.values import host_to_device
-from .._exec.views import apply_chain, chain_text
+from .._exec.views import PosChain, apply_chain, chain_text
 
 _META = torch.device("meta")
 
@@ -40,11 +43,25 @@ _ALLOW_CPU = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "
 
 
 class RuntimeInt(int):
-    """An int argument that is a runtime input of the plan (a symbolic int of a compiled
-    graph: ``_compile``), not a static argument; its value is an example (meta kernels
-    get it). Plans of eager ops never see one: ``walk`` keys it as a static int."""
+    """An int argument that is a runtime input of the plan, not a static argument (an "i"
+    scalar): a symbolic int of a compiled graph (``_compile``), or a position of an eager
+    op (``_ops.positions``). Its value is this call's (meta kernels get it); ``walk``
+    keys it as ``int`` and passes the value as a runtime scalar."""
 
     __slots__ = ()
+
+
+class SliceEnd(int):
+    """A positional slice's ``end`` (``_ops.positions``): this call's end, and the slice's
+    static ``length``, which the lowering takes when its start is a runtime value."""
+
+    def __new__(cls, end: int, length: int):
+        self = super().__new__(cls, end)
+        self.length = length
+        return self
+
+    def __repr__(self):
+        return f"<end +{self.length}>"
 
 
 class TracingArgument(Exception):
@@ -68,6 +85,15 @@ def _cpu_input(entry, t: torch.Tensor, vals: list):
     return ("cpu", tuple(t.shape), t.dtype)
 
 
+def view_key(a: TpuTensor, ch, scal: list):
+    """The key of view ``a`` (chain ``ch``); a positional chain's positions go to ``scal``."""
+    if type(ch) is PosChain:
+        scal.extend(ch.pos)
+        sp = a._spec
+        return ((sp[0], sp[1], sp[2]), ch.skey)
+    return (a._spec, ch)
+
+
 def walk(entry, a, vals: list, scal: list, dyn: bool):
     """The cache-key part of argument ``a``; collects its values into ``vals`` and (when
     ``dyn``: floats are runtime inputs) its floats into ``scal``."""
@@ -77,7 +103,7 @@ def walk(entry, a, vals: list, scal: list, dyn: bool):
         ch = a._chain
         if ch is None:
             return a._spec
-        return (a._spec, ch)
+        return view_key(a, ch, scal)
     if tp is float:
         if dyn:
             scal.append(a)
@@ -91,6 +117,9 @@ def walk(entry, a, vals: list, scal: list, dyn: bool):
         return _cpu_input(entry, a, vals)
     if isinstance(a, torch.Generator):
         return None
+    if tp is RuntimeInt:
+        scal.append(a)
+        return int
     return a
 
 
@@ -132,7 +161,7 @@ def rebuild(tpl, it_arr, it_sc):
     if tpl is FSLOT or tpl is ISLOT:
         return next(it_sc)
     if type(tpl) is ViewSlot:
-        return apply_chain(tpl.chain, next(it_arr))
+        return apply_chain(tpl.chain, next(it_arr), it_sc=it_sc)
     if type(tpl) is list:
         return [rebuild(x, it_arr, it_sc) for x in tpl]
     if type(tpl) is tuple:

@@ -33,6 +33,7 @@ from .args import (
     static_desc,
     template,
     to_meta,
+    view_key,
     walk,
 )
 
@@ -346,7 +347,7 @@ def plan_for(e, args, kwargs):
         if type(a) is TpuTensor:
             vals.append(a._st.value)
             ch = a._chain
-            key.append(a._spec if ch is None else (a._spec, ch))
+            key.append(a._spec if ch is None else view_key(a, ch, scal))
         else:
             key.append(walk(e, a, vals, scal, dyn))
     key = tuple(key)

@@ -26,6 +26,7 @@ from .._exec.values import (
     write,
 )
 from . import append as _append
+from . import positions as _positions
 from .args import to_meta
 from .handlers import functional, mutating, restride
 
@@ -388,6 +389,11 @@ def pack_padded_sequence(e, args, kwargs):
     return aten.cat.default(steps), torch.tensor(sizes, dtype=torch.int64)
 
 
+def roll(e, args, kwargs):
+    """``torch.roll``: its shifts are runtime positions (``_positions``)."""
+    return functional(e, *_positions.roll_args(args, kwargs))
+
+
 def record_stream(e, args, kwargs):
     return None
 
@@ -474,4 +480,5 @@ SPECIAL = {
     aten.index.Tensor: index,
     aten.index_put.default: index_put,
     aten.index_put_.default: index_put,
+    aten.roll.default: roll,
 }

@@ -1,0 +1,201 @@
+"""Positions are runtime values (issue 39): an integer that only picks where an op reads or
+writes (``x[i]``, ``x[i] = v``, ``x[i:i + k]``, ``narrow``, ``unbind``, ``roll``) reaches the
+program as a runtime scalar, so a loop over positions compiles one program per shape, never
+one per position; bounds are still checked at the op, with PyTorch's errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazyrt
+from lazyrt._base.metrics import COUNTERS
+
+from _util import assert_close
+
+MODES = ["strict", "defer"]
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    with lazyrt.set_mode(request.param):
+        yield request.param
+
+
+def _compiles():
+    return COUNTERS["cache_misses"]
+
+
+def _loop(mode, n, body, *tensors):
+    """Run ``body(i, *tensors)`` for i < n (a sync per step in defer); the programs compiled."""
+    lazyrt.sync()
+    c0 = _compiles()
+    for i in range(n):
+        body(i, *tensors)
+        if mode == "defer":
+            lazyrt.sync()
+    return _compiles() - c0
+
+
+def _row_copy(i, x, s):
+    x[i, :, :] = s[i, :, :]
+
+
+def test_row_copy_loop_compiles_at_most_two_programs(mode):
+    """The issue's loop: 80 compiles in strict and 40 in defer before; now 2 and 1."""
+    torch.manual_seed(0)
+    s_cpu = torch.randn(64, 8, 8)
+    x = torch.zeros(64, 8, 8).to("tpu")
+    s = s_cpu.to("tpu")
+    n = _loop(mode, 40, _row_copy, x, s)
+    assert n <= 2
+    x_cpu = torch.zeros(64, 8, 8)
+    for i in range(40):
+        x_cpu[i, :, :] = s_cpu[i, :, :]
+    assert_close(x, x_cpu)
+    # whatever the loop length: more steps compile nothing more
+    assert _loop(mode, 64, _row_copy, x, s) == 0
+
+
+# op form -> f(x, i) on a (12, 6) float tensor; each step's result is compared with CPU
+FORMS = {
+    "select_read": lambda x, i: x[i] * 2,
+    "select_dim1": lambda x, i: x[:, i % 6] + 1,
+    "select_negative": lambda x, i: x[-i - 1] * 3,
+    "select_op": lambda x, i: torch.select(x, 0, i).sum(),
+    "select_write": lambda x, i: x.__setitem__(i, x[i] + 1.0),
+    "select_fill": lambda x, i: x[i].fill_(float(i)),
+    "element_write": lambda x, i: x.__setitem__((i, i % 6), -1.0),
+    "select_of_select": lambda x, i: x[i][i % 6] * 2,
+    "view_of_select": lambda x, i: x[i].view(2, 3).t() * 1,
+    "write_view_of_select": lambda x, i: x[i].view(2, 3)[1].mul_(2),
+    "slice_read": lambda x, i: x[i + 1:i + 3] * 2,
+    "slice_step": lambda x, i: x[i + 1:i + 7:3] - 1,
+    "slice_write": lambda x, i: x[i + 1:i + 3].copy_(torch.ones(2, 6, device=x.device)),
+    "slice_step_write": lambda x, i: x[i + 1:i + 7:2].add_(1.0),
+    "slice_dim1": lambda x, i: x[:, 1 + i % 4:3 + i % 4].clone(),
+    "narrow": lambda x, i: x.narrow(0, i, 3) * 1,
+    "narrow_write": lambda x, i: x.narrow(1, i % 4, 2).zero_(),
+    "unbind": lambda x, i: list(x)[i] + 1,
+    "unbind_dim1": lambda x, i: torch.unbind(x, 1)[i % 6] * 2,
+    "roll": lambda x, i: torch.roll(x, i, 0),
+    "roll_negative_2d": lambda x, i: torch.roll(x, (-i, 2 * i), (0, 1)),
+    "roll_flat": lambda x, i: torch.roll(x, i + 5),
+    "index_put_int": lambda x, i: x.index_put_((torch.tensor(i),), torch.full((6,), 7.0)),
+    "index_copy_int": lambda x, i: x.index_copy_(0, torch.tensor([i]), torch.ones(1, 6)),
+}
+
+
+def _to(a, dev):
+    return a.to(dev) if isinstance(a, torch.Tensor) and a.device.type == "cpu" and dev == "tpu" \
+        else a
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_position_forms_equal_cpu_and_compile_once_per_shape(mode, form):
+    f = FORMS[form]
+    if form in ("index_put_int", "index_copy_int"):
+        # the index tensor and values on the tensor's device
+        def f(x, i, _f=FORMS[form]):
+            if x.device.type == "tpu":
+                if form == "index_put_int":
+                    return x.index_put_((torch.tensor(i, device="tpu"),),
+                                        torch.full((6,), 7.0, device="tpu"))
+                return x.index_copy_(0, torch.tensor([i], device="tpu"),
+                                     torch.ones(1, 6, device="tpu"))
+            return _f(x, i)
+    torch.manual_seed(1)
+    base = torch.randn(12, 6)
+    x_cpu = base.clone()
+    x = base.to("tpu")
+
+    def step(i, x):
+        out = f(x, i)
+        ref = f(x_cpu, i)
+        if isinstance(ref, torch.Tensor) and ref is not x_cpu:
+            assert_close(out, ref)
+
+    # two warm-up positions (a start of 0 is a static slice), then more steps compile nothing
+    _loop(mode, 2, step, x)
+    lazyrt.sync()
+    c0 = _compiles()
+    for i in range(2, 6):
+        step(i, x)
+        if mode == "defer":
+            lazyrt.sync()
+    assert _compiles() - c0 == 0, form
+    assert_close(x, x_cpu)
+
+
+@pytest.mark.parametrize("index", [12, -13, 100])
+def test_select_out_of_range_raises_index_error_at_the_op(mode, index):
+    x = torch.zeros(12, 6).to("tpu")
+    x[3]  # a plan exists for this shape: the bad index must still be checked
+    with pytest.raises(IndexError) as tpu_err:
+        x.select(0, index)
+    with pytest.raises(IndexError) as cpu_err:
+        torch.zeros(12, 6).select(0, index)
+    assert str(tpu_err.value) == str(cpu_err.value)
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[index] = 1.0
+    with pytest.raises(IndexError):
+        torch.unbind(x, 0)[index]
+
+
+def test_narrow_out_of_range_raises_at_the_op(mode):
+    x = torch.zeros(12, 6).to("tpu")
+    x.narrow(0, 4, 3)
+    with pytest.raises(RuntimeError, match=r"start \(11\) \+ length \(3\) exceeds"):
+        x.narrow(0, 11, 3)
+
+
+def test_view_offsets_follow_positions(mode):
+    """Storage offsets and strides as on the CPU, for views of views at positions."""
+    x_cpu = torch.arange(60.0).reshape(5, 4, 3)
+    x = x_cpu.to("tpu")
+    for i in range(1, 4):
+        for t, c in [(x[i], x_cpu[i]), (x[i][2], x_cpu[i][2]), (x[i, 1:3], x_cpu[i, 1:3]),
+                     (x[i].t(), x_cpu[i].t()), (x[:, i], x_cpu[:, i]),
+                     (x[i:i + 2].transpose(0, 2), x_cpu[i:i + 2].transpose(0, 2))]:
+            assert (t.shape, t.stride(), t.storage_offset()) == \
+                (c.shape, c.stride(), c.storage_offset())
+            assert_close(t, c)
+
+
+def test_metrics_count_programs_per_op(mode):
+    """Programs compiled per op family: one per position-free signature; an int operand of
+    ``mul`` is a value of the program (a compile per value, counted under ``mul``)."""
+    lazyrt.metrics.reset()
+    x = torch.zeros(16, 4).to("tpu")
+    v = torch.ones(4).to("tpu")
+    lazyrt.sync()
+    for i in range(8):
+        x[i] = v * i
+        lazyrt.sync()
+    by_op = lazyrt.metrics.counters()["compiles_by_op"]
+    assert sum(by_op.values()) == COUNTERS["cache_misses"]
+    if mode == "strict":
+        assert by_op == {"mul": 8, "copy_": 1, "write_through_view": 1}
+    else:
+        assert by_op == {"flush": 8}
+    assert "programs compiled by op:" in lazyrt.metrics.report()
+
+
+def test_explain_recompile_names_a_new_position(capsys):
+    """A compile caused by an int value (not a shape): said so. Positions no longer cause
+    one; an int operand of ``mul`` (a value of the program) still does."""
+    prev = lazyrt.config.explain_recompile
+    lazyrt.config.explain_recompile = True
+    try:
+        with lazyrt.set_mode("defer"):
+            x = torch.ones(8, 4).to("tpu")
+            (x[0] + 1).cpu()
+            capsys.readouterr()
+            for i in range(1, 4):
+                (x[i] + 1).cpu()  # a position: no recompile, nothing to explain
+            assert "recompiling" not in capsys.readouterr().err
+            for k in (2, 3):
+                (x.sum(0) * k).cpu()
+            err = capsys.readouterr().err
+    finally:
+        lazyrt.config.explain_recompile = prev
+    assert "recompiling" in err and "the same op at a new position" in err
