@@ -138,8 +138,8 @@ def view(e, args, kwargs):
         s = plan.out_specs[0]
         return TpuTensor._wrap(_positions.moved(s, plan, base) if moving else s, st,
                                base._chain, base._cache, base._cver)
-    if moving:
-        return _moved_views(e, plan, base)
+    if type(base._chain) is PosChain:
+        return _positional_views(e, plan, base, moving)
     prefix = base._chain or ()
     res = []
     i = 0
@@ -153,20 +153,23 @@ def view(e, args, kwargs):
     return res[0] if e.n_returns == 1 else tuple(res)
 
 
-def _moved_views(e, plan, base):
-    """``view``'s outputs of a base at runtime positions (chains stay ``PosChain``s)."""
+def _positional_views(e, plan, base, moving: bool):
+    """``view``'s outputs of a base at runtime positions (chains stay ``PosChain``s; specs
+    move with the base's offset unless the plan addresses storage: ``as_strided``)."""
     st, prefix = base._st, base._chain
+
+    def spec(s):
+        return _positions.moved(s, plan, base) if moving else s
+
     res = []
     i = 0
     for s, k in zip(plan.layout.fresh, plan.layout.kinds):
         if k == "TL":
-            res.append([TpuTensor._wrap(_positions.moved(sp, plan, base), st,
-                                        extend(prefix, (plan, i + j)))
+            res.append([TpuTensor._wrap(spec(sp), st, extend(prefix, (plan, i + j)))
                         for j, sp in enumerate(s)])
             i += len(s)
         else:
-            res.append(TpuTensor._wrap(_positions.moved(s, plan, base), st,
-                                       extend(prefix, (plan, i))))
+            res.append(TpuTensor._wrap(spec(s), st, extend(prefix, (plan, i))))
             i += 1
     return res[0] if e.n_returns == 1 else tuple(res)
 
