@@ -199,3 +199,22 @@ def test_explain_recompile_names_a_new_position(capsys):
     finally:
         lazyrt.config.explain_recompile = prev
     assert "recompiling" in err and "the same op at a new position" in err
+
+
+@pytest.mark.parametrize("form", ["select", "roll"])
+def test_compiled_graph_takes_positions_as_runtime_ints(mode, form):
+    """In a torch.compile graph the position (a symbolic int once Dynamo sees it change)
+    is a runtime input: one graph program for every later position."""
+    def f(x, i):
+        return x[i] * 2 if form == "select" else torch.roll(x, i, 0) + 1
+
+    torch._dynamo.reset()
+    cf = torch.compile(f)
+    x = torch.randn(8, 4)
+    xt = x.to("tpu")
+    for i in (1, 2):  # Dynamo: the first value static, the second makes it symbolic
+        assert_close(cf(xt, i), f(x, i))
+    c0 = _compiles()
+    for i in range(3, 8):
+        assert_close(cf(xt, i), f(x, i))
+    assert _compiles() == c0
