@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _util import assert_close
 
 import lazyrt
 from lazyrt._base.metrics import COUNTERS
-
-from _util import assert_close
 
 MODES = ["strict", "defer"]
 
@@ -218,3 +217,128 @@ def test_compiled_graph_takes_positions_as_runtime_ints(mode, form):
     for i in range(3, 8):
         assert_close(cf(xt, i), f(x, i))
     assert _compiles() == c0
+
+
+# ---- warm keys: an executable found by lazyrt's own signature, without tracing -------------
+
+
+def _sig(op, *args, **kwargs):
+    from lazyrt._ops.plan import plan_for
+    from lazyrt._ops.resolve import resolve
+
+    return plan_for(resolve(op), args, kwargs)[0].prog.sig
+
+
+def test_a_plans_signature_changes_with_each_component():
+    aten = torch.ops.aten
+    a = torch.ones(4, 3).to("tpu")
+    base = _sig(aten.add.Tensor, a, a, alpha=2)
+    assert base is not None and base == _sig(aten.add.Tensor, a, a, alpha=2)
+    others = {
+        "op": _sig(aten.sub.Tensor, a, a, alpha=2),
+        "static argument": _sig(aten.add.Tensor, a, a, alpha=3),
+        "input shape": _sig(aten.add.Tensor, a, torch.ones(3).to("tpu"), alpha=2),
+        "input dtype": _sig(aten.add.Tensor, a, a.double(), alpha=2),
+        "runtime float": _sig(aten.add.Tensor, a, a, alpha=2.0),
+    }
+    assert len({base, *others.values()}) == len(others) + 1, others
+    # a position is no part of it
+    x = torch.zeros(8, 3).to("tpu")
+    assert _sig(aten.mul.Tensor, x[1], a[0]) == _sig(aten.mul.Tensor, x[5], a[2])
+
+
+def test_a_signature_key_changes_with_each_component(monkeypatch, tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from lazyrt._exec import diskcache
+
+    args = (jnp.ones((4, 3), jnp.float32), 2)
+    base = diskcache.signature_key("S", args, (), {})
+    assert base == diskcache.signature_key("S", args, (), {})
+    keys = {
+        "signature": diskcache.signature_key("T", args, (), {}),
+        "argument shape": diskcache.signature_key("S", (jnp.ones((4, 4)), 2), (), {}),
+        "argument dtype": diskcache.signature_key("S", (jnp.ones((4, 3), jnp.bfloat16), 2), (),
+                                                  {}),
+        "argument count": diskcache.signature_key("S", args + (1.0,), (), {}),
+        "donation": diskcache.signature_key("S", args, (0,), {}),
+        "compile options": diskcache.signature_key("S", args, (), {"xla_cpu_prefer_vector_width":
+                                                                   256}),
+    }
+    monkeypatch.setattr(lazyrt.config, "pallas", "off" if lazyrt.config.pallas != "off" else "on")
+    keys["lazyrt switch"] = diskcache.signature_key("S", args, (), {})
+    monkeypatch.undo()
+    prec = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium" if prec != "medium" else "high")
+        keys["matmul precision"] = diskcache.signature_key("S", args, (), {})
+    finally:
+        torch.set_float32_matmul_precision(prec)
+    monkeypatch.setattr(diskcache, "source_key", lambda: "another lazyrt")
+    keys["lazyrt source"] = diskcache.signature_key("S", args, (), {})
+    monkeypatch.undo()
+    assert diskcache.signature_key("S", args, (), {}) == base
+    assert len({base, *keys.values()}) == len(keys) + 1, keys
+    assert jax.devices()  # one device here: keys are made
+
+
+def test_an_executable_under_the_wrong_key_never_runs(tmp_path, monkeypatch):
+    """An entry whose executable takes other arguments than the program's (a forged or
+    colliding key) is refused and the program compiled: the result is the program's."""
+    import jax.numpy as jnp
+
+    from lazyrt._exec import diskcache
+    from lazyrt._exec import xla as _xla
+
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+
+    def double(x):
+        return (x * 2,)
+
+    def plus_one(x):
+        return (x + 1,)
+
+    small, big = jnp.ones((4,), jnp.float32), jnp.ones((8,), jnp.float32)
+    exe_small = _xla.compile_program(double, (small,))[0]
+    name = diskcache.signature_key("plus_one", (big,), (), _xla.compile_options())
+    assert diskcache.store_signed(name, exe_small)
+    before = COUNTERS["disk_cache_mismatches"]
+    assert diskcache.load_signed(name, (big,), ()) is None  # another shape: refused
+    assert COUNTERS["disk_cache_mismatches"] == before + 1
+    exe = _xla.compile_program(plus_one, (big,), sig="plus_one")[0]
+    assert (exe(big)[0] == 2).all()
+    # the same arguments but another program under the key: what the key names is what runs
+    # (every component of the program is in it); a right entry is found without tracing
+    name2 = diskcache.signature_key("double8", (big,), (), _xla.compile_options())
+    diskcache.store_signed(name2, _xla.compile_program(double, (big,))[0])
+    hits = COUNTERS["disk_cache_signed_hits"]
+    exe2 = _xla.compile_program(lambda x: (_ for _ in ()).throw(AssertionError("traced")),
+                                (big,), sig="double8")[0]
+    assert COUNTERS["disk_cache_signed_hits"] == hits + 1
+    assert (exe2(big)[0] == 2).all()
+
+
+@pytest.mark.subprocess
+def test_a_warm_process_finds_every_program_by_signature(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, lazyrt, sys\n"
+            "lazyrt.set_mode(sys.argv[1]); torch.manual_seed(0)\n"
+            "x = torch.zeros(16, 4).to('tpu'); s = torch.randn(16, 4).to('tpu')\n"
+            "for i in range(4):\n"
+            "    x[i] = s[i] * 2 + x[i + 1]\n"
+            "    lazyrt.sync()\n"
+            "c = lazyrt.metrics.counters()\n"
+            "print(x.sum().item(), c['cache_misses'], c['disk_cache_signed_hits'])\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", LAZYRT_CACHE_DIR=str(tmp_path))
+    for mode in ("strict", "defer"):
+        runs = [subprocess.run([sys.executable, "-c", code, mode], capture_output=True,
+                               text=True, timeout=300, env=env) for _ in range(2)]
+        for r in runs:
+            assert r.returncode == 0, r.stderr[-2000:]
+        (v0, n0, h0), (v1, n1, h1) = [r.stdout.split() for r in runs]
+        assert v0 == v1 and n0 == n1 and h0 == "0"
+        assert int(h1) == int(n1) > 0, (mode, runs[1].stdout)

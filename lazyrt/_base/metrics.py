@@ -45,6 +45,10 @@ _ZERO = {
     "disk_cache_writes": 0,
     "disk_cache_damaged": 0,
     "disk_cache_evictions": 0,
+    # executables found by their signature (no tracing: ``_exec.diskcache.signature_key``)
+    # and signed entries refused because their arguments differ from the program's
+    "disk_cache_signed_hits": 0,
+    "disk_cache_mismatches": 0,
     # tiered compiles (``_exec.tiers``): optimized executables swapped in, the seconds the
     # worker spent building them, builds that failed, were skipped at exit or not queued
     "tier_swaps": 0,

@@ -365,7 +365,8 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
     n_slots = len(scal) if first is None else len(first)
     args = (*arrays, scalar_struct(n_slots))
     compiled, mem, compile_s, upgrade = _xla.compile_program(
-        fn, args, donate_argnums=(0,), lean=True, tiered=True) if runner is None \
+        fn, args, donate_argnums=(0,), lean=True, tiered=True,
+        sig=_exes.flush_signature(tr, out_refs, donate_mask, slots)) if runner is None \
         else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
     out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
     exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,

@@ -41,12 +41,12 @@ def _compile(prog: Prog, arrays, scalars):
         # NOTE: called through JAX's own call (``direct`` fixed to it), which marks donated
         # arrays deleted; never tiered (no second executable to swap in)
         exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars),
-                                                 donate_argnums=prog.donate)
+                                                 donate_argnums=prog.donate, sig=prog.sig)
         upgrade = None
         prog.direct = (exe, None, None)
     else:
         exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars),
-                                                          tiered=True)
+                                                          tiered=True, sig=prog.sig)
     prog.exe, prog.mem = exe, mem
     _compiled[prog] = None
     while len(_compiled) > config.strict_cache_size:

@@ -19,6 +19,7 @@ Both program caches are bounded LRUs (``config.plan_cache_size`` each).
 from __future__ import annotations
 
 import collections
+import hashlib
 import weakref
 
 import jax.numpy as jnp
@@ -133,6 +134,7 @@ def chain_prog(chain) -> Prog:
             return (apply_chain(chain, x, it_sc=iter(pos)),)
 
         p = Prog("view", fn, ("i",) * n, (aval,), desc=chain_text(chain))
+        p.sig = _chain_sig("view", chain)
         _chain_progs.put(k, p)
     return p
 
@@ -185,8 +187,20 @@ def write_prog(chain) -> Prog:
             return (v,)
 
         p = Prog("write_through_view", fn, ("i",) * n, (base_aval,), desc=chain_text(chain))
+        p.sig = _chain_sig("write_through_view", chain)
         _write_progs.put(k, p)
     return p
+
+
+def _chain_sig(kind: str, chain) -> str | None:
+    """A view program's ``Prog.sig``: its kind and its steps' plans' signatures."""
+    parts = []
+    for s in chain:
+        sig = s[0].prog.sig
+        if sig is None:
+            return None
+        parts.append(f"{sig}:{s[1]}:{len(s[2]) if len(s) == 3 else -1}")
+    return hashlib.sha256(f"{kind}({';'.join(parts)})".encode()).hexdigest()[:32]
 
 
 def cache_info() -> dict:

@@ -168,10 +168,11 @@ class Upgrade:
     slot; once the program is hot (``FirstTier``) the compile worker builds it, installs it
     and stores it in the persistent cache."""
 
-    __slots__ = ("lowered", "opts", "name", "install", "submitted")
+    __slots__ = ("lowered", "opts", "name", "install", "submitted", "signed")
 
-    def __init__(self, lowered, opts: dict, name: str | None):
+    def __init__(self, lowered, opts: dict, name: str | None, signed: str | None = None):
         self.lowered, self.opts, self.name = lowered, opts, name
+        self.signed = signed
         self.install = None
         self.submitted = False
 
@@ -192,11 +193,33 @@ class Upgrade:
         self.install(exe, MemoryAnalysis.of(exe))
         COUNTERS["tier_swaps"] += 1
         _store(self.name, exe, now=True)
+        if self.signed is not None:
+            _diskcache.store_signed(self.signed, exe)
         self.lowered = self.install = None
 
 
+def _load_signed(sig, args, donate_argnums):
+    """``(entry name, executable or None)`` of a program with signature ``sig``."""
+    if sig is None or _diskcache.directory() is None:
+        return None, None
+    name = _diskcache.signature_key(sig, args, donate_argnums, compile_options())
+    if name is None:
+        return None, None
+    with jax.enable_x64(True):
+        exe = _diskcache.load_signed(name, args, donate_argnums)
+    if exe is not None:
+        COUNTERS["disk_cache_hits"] += 1
+        COUNTERS["disk_cache_signed_hits"] += 1
+    return name, exe
+
+
+def _store_signed(name: str | None, exe) -> None:
+    if name is not None:
+        _tiers.submit(_tiers.WRITE, lambda: _diskcache.store_signed(name, exe))
+
+
 def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = False,
-                    tiered: bool = False):
+                    tiered: bool = False, sig: str | None = None):
     """Lower ``fn`` at ``args`` and compile it with lazyrt's options: the one place every
     lazyrt executable (a strict op, a defer flush) is built. Returns ``(executable,
     memory analysis, seconds)`` and counts the compile in ``lazyrt._base.metrics``. ``lean``:
@@ -210,9 +233,21 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     returned: an ``Upgrade`` (None when the executable is already the optimized one) that
     the caller ``arm``s once the executable is in its slot.
 
+    ``sig``: the program's signature in lazyrt's terms (``Prog.sig``): its executable is
+    looked up by it first, without tracing (``_diskcache.signature_key``), and stored under
+    it once compiled.
+
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
     upgrade = None
+    signed, exe = _load_signed(sig, args, donate_argnums)
+    if exe is not None:
+        seconds = time.perf_counter() - t0
+        COUNTERS["cache_misses"] += 1
+        COUNTERS["compile_seconds"] += seconds
+        if tiered:
+            return exe, MemoryAnalysis.of(exe), seconds, None
+        return exe, MemoryAnalysis.of(exe), seconds
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         jitted = jax.jit(fn, donate_argnums=donate_argnums)
@@ -229,11 +264,14 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
                 if exe is None:
                     exe = compile(lowered, {**opts, **FIRST_TIER})
                     _store(name0, exe)
-                upgrade = Upgrade(lowered, opts, name)
+                upgrade = Upgrade(lowered, opts, name, signed)
                 exe = FirstTier(exe, upgrade)
             else:
                 exe = compile(lowered, opts)
                 _store(name, exe)
+                _store_signed(signed, exe)
+        else:
+            _store_signed(signed, exe)
     seconds = time.perf_counter() - t0
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds

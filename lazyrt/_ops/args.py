@@ -11,6 +11,8 @@ one plan serves every position (``_ops.positions``).
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from .._base.tensor import TpuTensor, storage_extent
@@ -221,3 +223,58 @@ def spec_of_meta(m: torch.Tensor) -> tuple:
 def arg(args, kwargs, name: str, pos: int):
     """The argument at schema position ``pos`` / keyword ``name``."""
     return args[pos] if pos < len(args) else kwargs.get(name)
+
+
+# ---- signatures: a plan's program in lazyrt's own terms (``Prog.sig``) ------------------
+
+_SIG_SCALARS = (int, float, bool, str, type(None))
+_SIG_TORCH = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _sig_of(a):
+    """A stable text of template value ``a``, or None where it has no stable text."""
+    if a is TSLOT or a is FSLOT or a is ISLOT or a is GSLOT or a is _B1 or a is _B0:
+        return a.name
+    if type(a) is ViewSlot:
+        steps = []
+        for s in a.chain:
+            sig = s[0].prog.sig
+            if sig is None:
+                return None
+            steps.append(f"{sig}:{s[1]}:{len(s[2]) if len(s) == 3 else -1}")
+        return "view(" + ";".join(steps) + ")"
+    if type(a) is SliceEnd:
+        return f"end+{a.length}"
+    tp = type(a)
+    if tp in _SIG_SCALARS:
+        return f"{tp.__name__}:{a!r}"
+    if isinstance(a, _SIG_TORCH):
+        return f"{tp.__name__}:{a}"
+    if tp is list or tp is tuple:
+        parts = [_sig_of(x) for x in a]
+        if any(p is None for p in parts):
+            return None
+        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
+    if tp is dict:
+        parts = {k: _sig_of(v) for k, v in a.items()}
+        if any(v is None for v in parts.values()):
+            return None
+        return "{" + ",".join(f"{k}={v}" for k, v in sorted(parts.items())) + "}"
+    return None
+
+
+def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str | None:
+    """The program of a plan in lazyrt's own terms: the op and how it resolved (its
+    lowering's name), the static arguments, the input and output avals, the runtime
+    scalars' kinds. With the hash of lazyrt's source (``_exec.diskcache.source_key``) and
+    the switches that lowerings read, it names the program's executable in the persistent
+    cache; None where an argument has no stable text (then the traced text names it)."""
+    a, kw = _sig_of(tpl_args), _sig_of(dict(tpl_kwargs))
+    if a is None or kw is None:
+        return None
+    low = e.resolution.lowering
+    fn = low.fn if low is not None else e.fn
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    text = (f"{e.name}|{e.resolution.how}|{name}|{a}|{kw}|{in_avals}|{scalar_kinds}|"
+            f"{out_avals}")
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -29,6 +29,7 @@ from .args import (
     RuntimeInt,
     arg,
     rebuild,
+    signature,
     spec_of_meta,
     static_desc,
     template,
@@ -299,6 +300,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
     const = not random and not _reads_arrays(jaxpr, n_arr)
     plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op, const=const)
+    plan.prog.sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds, out_avals)
     return plan
 
 
