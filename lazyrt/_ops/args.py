@@ -12,6 +12,7 @@ one plan serves every position (``_ops.positions``).
 from __future__ import annotations
 
 import hashlib
+import os
 
 import torch
 
@@ -263,6 +264,33 @@ def _sig_of(a):
     return None
 
 
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STABLE_MODULES = ("lazyrt.", "kernels_pallas", "jax", "numpy", "builtins", "math")
+
+
+def _lazyrt_code(fn, depth: int = 0) -> bool:
+    """Whether ``fn`` is lazyrt's own code (its source is in ``source_key``): defined in
+    lazyrt's package, closing over nothing but such functions, JAX's and NumPy's, and plain
+    values. A user's function (``lazyrt.jax_op``, a lowering registered from outside)
+    is not: its program is found by its traced text only."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_filename.startswith(_PKG) or depth > 3:
+        return False
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(v, (int, float, str, bool, type(None), torch.dtype)):
+            continue
+        if hasattr(v, "__code__"):
+            if not _lazyrt_code(v, depth + 1):
+                return False
+        elif not (callable(v) and str(getattr(v, "__module__", "")).startswith(_STABLE_MODULES)):
+            return False
+    return True
+
+
 def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str | None:
     """The program of a plan in lazyrt's own terms: the op and how it resolved (its
     lowering's name), the static arguments, the input and output avals, the runtime
@@ -274,7 +302,9 @@ def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str
         return None
     low = e.resolution.lowering
     fn = low.fn if low is not None else e.fn
-    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    if not _lazyrt_code(fn):
+        return None
+    name = f"{fn.__module__}.{fn.__qualname__}"
     text = (f"{e.name}|{e.resolution.how}|{name}|{a}|{kw}|{in_avals}|{scalar_kinds}|"
             f"{out_avals}")
     return hashlib.sha256(text.encode()).hexdigest()[:32]
