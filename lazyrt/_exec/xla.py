@@ -256,6 +256,8 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
         opts = full_options(text)
         name = None if text is None or _diskcache.directory() is None else \
             _diskcache.key(lowered, text, opts)
+        if signed is not None and _diskcache.key(lowered, "", {}) is None:
+            signed = None  # host callbacks (or no device list): never stored, signed neither
         exe = _load(name, lowered)
         if exe is None:
             if tiered and config.compile == "tiered" and _tiers.has_room():

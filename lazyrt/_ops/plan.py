@@ -194,7 +194,8 @@ def _specs_from_meta(e, mout, margs, mkw, mut_specs):
 def _specs_from_lowering(e, call, vals, scal):
     """Output specs from the lowering's abstract shapes (contiguous)."""
     with _X64(True):
-        shaped = jax.eval_shape(call, *vals, *[0.0] * len(scal), *([0] if e.random else []))
+        shaped = jax.eval_shape(call, *vals, *[0 if type(x) is RuntimeInt else 0.0 for x in scal],
+                                *([0] if e.random else []))
     if not isinstance(shaped, (tuple, list)) or e.n_returns == 1:
         shaped = (shaped,)
     kinds = [k for k, a in zip(e.ret_kinds, e.ret_alias) if a < 0]
