@@ -28,7 +28,7 @@ def aval_nbytes(shape, dtype) -> int:
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
-                 "direct", "donate")
+                 "direct", "donate", "sig")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -60,6 +60,10 @@ class Prog:
         self.host_calls = 0
         # positions of array inputs the executable may reuse (``jax_op``'s ``donate``)
         self.donate = ()
+        # what the program is, in lazyrt's own terms (op, static arguments, avals: a plan's
+        # ``args.signature``), to find its executable in the persistent cache without
+        # tracing it; None: found by its traced text only
+        self.sig = None
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

@@ -47,6 +47,10 @@ _ZERO = {
     "disk_cache_damaged": 0,
     "disk_cache_evictions": 0,
     "disk_cache_unstorable": 0,
+    # executables found by their signature (no tracing: ``_exec.diskcache.signature_key``)
+    # and signed entries refused because their arguments differ from the program's
+    "disk_cache_signed_hits": 0,
+    "disk_cache_mismatches": 0,
     # tiered compiles (``_exec.tiers``): optimized executables swapped in, the seconds the
     # worker spent building them, builds that failed, were skipped at exit or not queued
     "tier_swaps": 0,
@@ -63,6 +67,9 @@ _ZERO = {
 
 COUNTERS: dict[str, float] = dict(_ZERO)
 FALLBACK_OPS: collections.Counter = collections.Counter()
+# Programs compiled (cache misses) per op family: a strict program's name (the op's
+# packet, ``view``, ``write_through_view``), ``flush`` for a defer flush.
+COMPILES_BY_OP: collections.Counter = collections.Counter()
 _GAUGES: dict = {}
 
 
@@ -72,11 +79,13 @@ def register_gauge(name: str, read) -> None:
 
 
 def counters() -> dict:
-    """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count)."""
+    """A snapshot of every counter, plus ``cpu_fallback_ops`` (op name -> count) and
+    ``compiles_by_op`` (op family -> programs compiled)."""
     out = dict(COUNTERS)
     for name, read in _GAUGES.items():
         out[name] = read()
     out["cpu_fallback_ops"] = dict(FALLBACK_OPS)
+    out["compiles_by_op"] = dict(COMPILES_BY_OP)
     return out
 
 
@@ -84,6 +93,7 @@ def reset() -> None:
     """Zero every counter (the compile caches are kept)."""
     COUNTERS.update(_ZERO)
     FALLBACK_OPS.clear()
+    COMPILES_BY_OP.clear()
 
 
 def report() -> str:
@@ -94,7 +104,7 @@ def report() -> str:
     lines = ["lazyrt metrics"]
     width = max(len(k) for k in c)
     for k, v in c.items():
-        if k == "cpu_fallback_ops":
+        if k in ("cpu_fallback_ops", "compiles_by_op"):
             continue
         if isinstance(v, float):
             lines.append(f"  {k:<{width}}  {v:.4f}")
@@ -109,6 +119,10 @@ def report() -> str:
         loaded = min(c["disk_cache_hits"], misses)
         lines.append(f"  {'cache_misses_compiled':<{width}}  {misses - loaded}")
         lines.append(f"  {'cache_misses_loaded':<{width}}  {loaded}  (from the disk cache)")
+    if c["compiles_by_op"]:
+        lines.append("  programs compiled by op:")
+        for name, n in sorted(c["compiles_by_op"].items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"    {name}: {n}")
     if c["cpu_fallback_ops"]:
         lines.append("  cpu fallbacks by op:")
         for name, n in sorted(c["cpu_fallback_ops"].items()):

@@ -5,7 +5,7 @@ Dynamo turns a Python int that changed between calls into a ``SymInt`` graph inp
 is a placeholder whose value is a ``SymInt`` with a symbol (``s0``), and node values are
 expressions over the symbols. Per symbol:
 
-* a symbol that appears in no tensor's shape, stride or offset (a diffusion timestep) is a
+* a symbol that appears in no tensor's shape or stride (a diffusion timestep, a position) is a
   runtime input: every op argument that depends on it is a ``RuntimeInt`` in the node's
   plan, fed to the graph's one program at each call (``i`` scalars);
 * a symbol that sets a shape (``torch.arange(n)``), or one an op's lowering cannot take
@@ -32,11 +32,12 @@ def _sym_expr(v):
     return v.node.expr if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) else None
 
 
-def free_symbols(v) -> set:
-    """The symbols ``v`` (a node value: tensor, SymInt, list of them) depends on."""
+def free_symbols(v, offsets: bool = True) -> set:
+    """The symbols ``v`` (a node value: tensor, SymInt, list of them) depends on (a
+    tensor's storage offset left out unless ``offsets``)."""
     out: set = set()
     if isinstance(v, torch.Tensor):
-        for s in (*v.shape, *v.stride(), v.storage_offset()):
+        for s in (*v.shape, *v.stride(), *((v.storage_offset(),) if offsets else ())):
             e = _sym_expr(s)
             if e is not None:
                 out |= e.free_symbols
@@ -65,7 +66,10 @@ class GraphSymbols:
             flat = v if isinstance(v, (list, tuple)) else [v]
             for x in flat:
                 if isinstance(x, torch.Tensor):
-                    self.shape |= free_symbols(x)
+                    # NOTE: a storage offset is no shape: ``x[i]``'s moves with ``i``, a
+                    # position the view's lowering takes as a runtime value
+                    # (``lowering.views.select``); the graph's values are contiguous.
+                    self.shape |= free_symbols(x, offsets=False)
         self.static = set(self.shape)
         self.runtime_inputs = self._runtime_inputs()
 

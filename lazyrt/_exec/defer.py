@@ -49,7 +49,7 @@ from .._base import memory
 from .._base import source as _source
 from .._base.config import config
 from .._base.ir import Pending, Prog
-from .._base.metrics import COUNTERS, register_gauge
+from .._base.metrics import COMPILES_BY_OP, COUNTERS, register_gauge
 from . import asserts as _asserts
 from . import exes as _exes
 from . import lean as _lean
@@ -363,6 +363,7 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
         COUNTERS["cache_hits"] += 1
         return exe, 0.0
     _count_graph_misses(tr)
+    COMPILES_BY_OP["flush"] += 1
     if config.explain_recompile:
         _explain(tr, src)
     first, slots = _exes.scalar_layout(scal)
@@ -370,7 +371,8 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
     n_slots = len(scal) if first is None else len(first)
     args = (*arrays, scalar_struct(n_slots))
     compiled, mem, compile_s, upgrade = _xla.compile_program(
-        fn, args, donate_argnums=(0,), lean=True, tiered=True, kind="flush") if runner is None \
+        fn, args, donate_argnums=(0,), lean=True, tiered=True, kind="flush",
+        sig=_exes.flush_signature(tr, out_refs, donate_mask, slots)) if runner is None \
         else (*runner.compile_program(fn, args, donate_argnums=(0,)), None)
     out_avals = [tr.nodes[r >> _SHIFT].out_avals[r & _MASK] for r in out_refs]
     exe = _exes.Exe(compiled, mem, tr, src, out_avals, first, slots,

@@ -17,6 +17,16 @@ default 2048): a read touches the entry's modification time, and after every 1/1
 bound written, one process at a time (an advisory lock) deletes the least recently used
 entries down to 90% of the bound.
 
+A warm process finds most executables without tracing: a program with a signature in
+lazyrt's own terms (``Prog.sig``: the op, its static arguments, the avals, the scalars'
+kinds; a flush: its nodes' signatures and wiring) is also stored under ``signature_key``:
+a hash of that signature, the program's argument avals and donation, the compile options,
+the switches lowerings read (``switches``) and a hash of lazyrt's own source
+(``source_key``: any change to a lowering, to the plan or view machinery, is a new key).
+Such an entry carries the executable's argument and result structure, and a loaded one is
+used only if its arguments (count, shapes, dtypes, donation) are exactly the program's
+(``load_signed``); otherwise the program is traced and compiled as before.
+
 As with JAX's own compilation cache, the directory is trusted: an entry is machine code
 this process will run. It is created private to the user (mode 0700).
 """
@@ -26,6 +36,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import pickle
 import struct
 import threading
 import time
@@ -115,6 +126,103 @@ def key(lowered, text: str, options: dict, tag: str = "") -> str | None:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+@functools.cache
+def source_key() -> str:
+    """A hash of lazyrt's own source (every module, the Pallas kernels beside it): what
+    a signature does not spell out (how a lowering computes) changes with it."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for root in (pkg, os.path.join(os.path.dirname(pkg), "kernels_pallas")):
+        paths = []
+        for d, _, files in os.walk(root):
+            paths += [os.path.join(d, f) for f in files if f.endswith(".py")]
+        for path in sorted(paths):
+            h.update(os.path.relpath(path, os.path.dirname(pkg)).encode())
+            h.update(b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def switches() -> str:
+    """What lowerings read besides their arguments: lazyrt's switches, PyTorch's float32
+    matmul precision, JAX's default matmul precision."""
+    import torch
+
+    return "|".join((repr(config), torch.get_float32_matmul_precision(),
+                     str(jax.config.jax_default_matmul_precision)))
+
+
+def _arg_avals(args) -> list:
+    out = []
+    for a in jax.tree_util.tree_leaves(args):
+        if hasattr(a, "shape") and hasattr(a, "dtype"):
+            out.append((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))))
+        else:
+            out.append(type(a).__name__)
+    return out
+
+
+def signature_key(sig: str, args, donate_argnums: tuple, options: dict) -> str | None:
+    """The entry name of the program of signature ``sig`` at ``args`` (module docstring);
+    None where the program is not stored so (several devices: placement is not in it)."""
+    if len(jax.devices()) != 1:
+        return None
+    h = hashlib.sha256()
+    for part in ("signed-1", sig, repr(_arg_avals(args)), repr(tuple(donate_argnums)),
+                 repr(sorted(options.items())), switches(), source_key(),
+                 str(jax.devices()[0].id)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "s" + h.hexdigest()
+
+
+def _expected_avals(args, donate_argnums: tuple) -> list:
+    """(shape, dtype, donated) per flat argument, as an executable for ``args`` takes them."""
+    out = []
+    for i, a in enumerate(args):
+        for leaf in jax.tree_util.tree_leaves(a):
+            aval = jax.typeof(leaf) if not isinstance(leaf, jax.ShapeDtypeStruct) else leaf
+            out.append((tuple(aval.shape), str(aval.dtype), i in donate_argnums))
+    return out
+
+
+def load_signed(name: str, args, donate_argnums: tuple):
+    """The executable stored under signature key ``name``, if it takes exactly ``args``
+    (count, shapes, dtypes, donation), else None."""
+    payload = get(name)
+    if payload is None:
+        return None
+    from jax.experimental import serialize_executable as se
+
+    try:
+        exe_bytes, in_tree, out_tree = pickle.loads(payload)
+        exe = se.deserialize_and_load(exe_bytes, in_tree, out_tree,
+                                      execution_devices=jax.devices()[:1])
+        got = [(tuple(ai._aval.shape), str(ai._aval.dtype), bool(ai.donated))
+               for ai in jax.tree_util.tree_leaves(exe.args_info)]
+    except Exception:  # an entry this jaxlib cannot load is a miss
+        COUNTERS["disk_cache_damaged"] += 1
+        return None
+    if got != _expected_avals(args, donate_argnums):
+        COUNTERS["disk_cache_mismatches"] += 1
+        return None
+    return exe
+
+
+def serialize_signed(exe) -> bytes | None:
+    """``exe``'s payload for a signature entry (its argument/result structure with it), or
+    None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs."""
+    exe_bytes = serialize(exe)
+    if exe_bytes is None:
+        return None
+    try:
+        return pickle.dumps((exe_bytes, exe.in_tree, exe.out_tree))
+    except (AttributeError, TypeError, pickle.PicklingError):
+        return None
 
 
 def devices_of(lowered):

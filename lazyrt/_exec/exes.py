@@ -4,6 +4,7 @@ the scalar layout it was compiled for (``Exe.fits``)."""
 from __future__ import annotations
 
 import collections
+import hashlib
 
 import numpy as np
 
@@ -78,6 +79,22 @@ class Exe:
     def scalar_input(self, scal: np.ndarray) -> np.ndarray:
         """The program's scalar vector: one value per slot."""
         return scal if self.sc_first is None else scal[self.sc_first]
+
+
+def flush_signature(tr: Trace, out_refs, donate_mask, slots) -> str | None:
+    """A flush's program in lazyrt's own terms (``Prog.sig`` of each node, the input
+    wiring, the leaf avals, the live outputs, the donation, the scalar slots), naming its
+    executable in the persistent cache without tracing it; None if a node has none."""
+    h = hashlib.sha256(b"flush-1\0")
+    for p in tr.nodes:
+        if p.sig is None:
+            return None
+        h.update(p.sig.encode())
+        h.update(b";")
+    rest = (tuple(tr.refs), tuple(tr.leaf_avals), tuple(out_refs), tuple(donate_mask),
+            None if slots is None else tuple(int(x) for x in slots))
+    h.update(repr(rest).encode())
+    return h.hexdigest()
 
 
 def scalar_layout(scal: np.ndarray):

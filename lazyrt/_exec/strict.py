@@ -24,7 +24,7 @@ from .._base import memory
 from .._base.config import config
 from .._base.ir import Prog
 from .._base.memory import _state
-from .._base.metrics import COUNTERS
+from .._base.metrics import COMPILES_BY_OP, COUNTERS
 from . import consts as _consts
 from . import debug as _debug
 from . import profile as _profile
@@ -39,17 +39,18 @@ _compiled: collections.OrderedDict = collections.OrderedDict()
 
 
 def _compile(prog: Prog, arrays, scalars):
+    COMPILES_BY_OP[prog.name] += 1
     if prog.donate:
         # NOTE: called through JAX's own call (``direct`` fixed to it), which marks donated
         # arrays deleted; never tiered (no second executable to swap in)
         exe, mem, seconds = _xla.compile_program(prog.fn, (*arrays, *scalars),
-                                                 donate_argnums=prog.donate)
+                                                 donate_argnums=prog.donate, sig=prog.sig)
         upgrade = None
         prog.direct = (exe, None, None, _scalars.store_for(exe, len(arrays), len(scalars))
                        if scalars else None)
     else:
         exe, mem, seconds, upgrade = _xla.compile_program(prog.fn, (*arrays, *scalars),
-                                                          tiered=True)
+                                                          tiered=True, sig=prog.sig)
     prog.exe, prog.mem = exe, mem
     _compiled[prog] = None
     while len(_compiled) > config.strict_cache_size:
@@ -77,6 +78,7 @@ def _run_resharded(prog, arrays, scalars):
     found = _by_sharding.get(key)
     if found is None:
         exe = _xla.compile_program(prog.fn, (*arrays, *scalars))[0]
+        COMPILES_BY_OP[prog.name] += 1
         st = _scalars.store_for(exe, len(arrays), len(scalars)) if scalars else None
         found = _by_sharding[key] = (exe, st)
     exe, st = found

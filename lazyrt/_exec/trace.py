@@ -7,6 +7,7 @@ materialized input (a leaf), ``(node << _SHIFT) | output`` for a pending one.
 from __future__ import annotations
 
 import difflib
+import re
 
 from .._base.ir import Prog
 
@@ -104,6 +105,21 @@ def _differing(old: str, new: str) -> tuple[str, str]:
     return cut(old), cut(new)
 
 
+_INT = re.compile(r"-?\d+")
+
+
+def at_new_position(old: str, new: str) -> bool:
+    """Whether two node texts (``describe``) differ only in the integers of their static
+    arguments: the same op on the same input shapes at another value (whose outputs the
+    caller checks are the same shapes too)."""
+    if _op_name(old) != _op_name(new):
+        return False
+    a, b = old.find("]("), new.find("](")
+    if a < 0 or b < 0 or old[a:] != new[b:]:
+        return False  # no static arguments, or other inputs
+    return old[:a] != new[:b] and _INT.sub("#", old[:a]) == _INT.sub("#", new[:b])
+
+
 def _op_name(text: str) -> str:
     return text.split("(", 1)[0].split("[", 1)[0]
 
@@ -134,30 +150,36 @@ def explain(tr: Trace, src: str, cached) -> str:
         lines.append(f"  a new trace, first op {names[0] if names else '-'} recorded at {first}")
         lines.append(f"  ({closest})")
         return "\n".join(lines)
-    diffs = []  # (index in the new trace, old text or None, new text or None)
+    # (index in the new trace, old text or None, new text or None, index in the old one)
+    diffs = []
     sm = difflib.SequenceMatcher(a=best_names, b=names, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
-            diffs += [(j1 + k, best.desc[i1 + k], desc[j1 + k]) for k in range(i2 - i1)
+            diffs += [(j1 + k, best.desc[i1 + k], desc[j1 + k], i1 + k) for k in range(i2 - i1)
                       if best.desc[i1 + k] != desc[j1 + k]]
             continue
         for k in range(max(i2 - i1, j2 - j1)):
             old = best.desc[i1 + k] if i1 + k < i2 else None
             new = desc[j1 + k] if j1 + k < j2 else None
-            diffs.append((j1 + k if new is not None else j1, old, new))
+            diffs.append((j1 + k if new is not None else j1, old, new, i1 + k))
     if not diffs:
         lines.append("  same ops as a cached trace; its live outputs or donated inputs differ "
                      f"(cached for the flush at {best.src})")
         return "\n".join(lines)
     # the first op of this trace that differs (it has a source line); an op only the
     # cached trace had is named when nothing else differs
-    j, old, new = next((d for d in diffs if d[2] is not None), diffs[0])
+    j, old, new, i = next((d for d in diffs if d[2] is not None), diffs[0])
     where = tr.srcs[j] if j < len(tr.srcs) else "an unknown line"
     if old is not None and new is not None:
         was, now = _differing(old, new)
         lines.append(f"  first difference: op {j} {names[j]}, recorded at {where}")
         lines.append(f"    was {was}")
         lines.append(f"    now {now}")
+        olds = getattr(best, "nodes", None)
+        if olds is not None and i < len(olds) and olds[i].out_avals == tr.nodes[j].out_avals \
+                and at_new_position(old, new):
+            lines.append("    the same op at a new position: only an integer argument "
+                         "changed (a value, not a shape)")
     elif new is not None:
         lines.append(f"  first difference: op {j} {names[j]} is new, recorded at {where}")
     else:

@@ -71,7 +71,7 @@ def value(t: TpuTensor):
     if c is not None and (type(c) is not Pending or not c.trace.done):
         return c
     with _defer.LOCK:
-        v = run(_views.chain_prog(t._chain), [st.value], [])[0]
+        v = run(_views.chain_prog(t._chain), [st.value], _views.chain_scalars(t._chain))[0]
         t._cache = v
         t._cver = st.version
     return v
@@ -97,7 +97,8 @@ def concrete(t: TpuTensor):
     # in the trace would change the next flush's program.
     with _defer.LOCK:
         base = _defer.materialize(st.value) if type(st.value) is Pending else st.value
-        v = _strict.run(_views.chain_prog(t._chain), [base], [])[0]
+        v = _strict.run(_views.chain_prog(t._chain), [base],
+                        _views.chain_scalars(t._chain))[0]
         t._cache = v
         t._cver = st.version
     return v
@@ -111,7 +112,8 @@ def write(t: TpuTensor, v) -> None:
         st.value = v
         st.version += 1
     else:
-        st.value = run(_views.write_prog(t._chain), [old, v], [])[0]
+        st.value = run(_views.write_prog(t._chain), [old, v],
+                       _views.chain_scalars(t._chain))[0]
         st.version += 1
         t._cache = v
         t._cver = st.version

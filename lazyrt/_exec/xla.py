@@ -200,10 +200,11 @@ class Upgrade:
     slot; once the program is hot (``FirstTier``) the compile worker builds it, installs it
     and stores it in the persistent cache."""
 
-    __slots__ = ("lowered", "opts", "name", "install", "submitted")
+    __slots__ = ("lowered", "opts", "name", "install", "submitted", "signed")
 
-    def __init__(self, lowered, opts: dict, name: str | None):
+    def __init__(self, lowered, opts: dict, name: str | None, signed: str | None = None):
         self.lowered, self.opts, self.name = lowered, opts, name
+        self.signed = signed
         self.install = None
         self.submitted = False
 
@@ -222,13 +223,50 @@ class Upgrade:
             exe = compile(self.lowered, self.opts)
         COUNTERS["tier_compile_seconds"] += time.perf_counter() - t0
         _store(self.name, exe, now=True)  # before install: the caller may run it at once
+        _store_signed(self.signed, exe, now=True)
         self.install(exe, MemoryAnalysis.of(exe))
         COUNTERS["tier_swaps"] += 1
         self.lowered = self.install = None
 
 
+def signed_name(sig: str, args, donate_argnums: tuple, kind: str = "op") -> str | None:
+    """The disk cache entry of the program of signature ``sig`` at ``args`` (None where such
+    programs are not stored). Its options' row follows from the program and the table is in
+    the key's source hash, so the key names the host's options and the kind."""
+    return _diskcache.signature_key(sig, args, donate_argnums,
+                                    {**compile_options(), "lazyrt_kind": kind})
+
+
+def _load_signed(sig, args, donate_argnums, kind: str):
+    """``(entry name, executable or None)`` of a program with signature ``sig``."""
+    if sig is None or _diskcache.directory() is None:
+        return None, None
+    name = signed_name(sig, args, donate_argnums, kind)
+    if name is None:
+        return None, None
+    with jax.enable_x64(True):
+        exe = _diskcache.load_signed(name, args, donate_argnums)
+    if exe is not None:
+        COUNTERS["disk_cache_hits"] += 1
+        COUNTERS["disk_cache_signed_hits"] += 1
+    return name, exe
+
+
+def _store_signed(name: str | None, exe, now: bool = False) -> None:
+    """``_store`` for a signature entry (serialized here, before ``exe`` first runs)."""
+    if name is None:
+        return
+    payload = _diskcache.serialize_signed(exe)
+    if payload is None:
+        return
+    if now:
+        _diskcache.put(name, payload)
+    else:
+        _tiers.submit(_tiers.WRITE, lambda: _diskcache.put(name, payload))
+
+
 def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = False,
-                    tiered: bool = False, kind: str = "op"):
+                    tiered: bool = False, kind: str = "op", sig: str | None = None):
     """Lower ``fn`` at ``args`` and compile it with lazyrt's options: the one place every
     lazyrt executable (a strict op, a defer flush) is built. Returns ``(executable,
     memory analysis, seconds)`` and counts the compile in ``lazyrt._base.metrics``. ``lean``:
@@ -245,9 +283,21 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     ``kind``: "op" (a strict program) or "flush" (a defer flush): with the program's
     StableHLO it picks the options' row (``program_options``).
 
+    ``sig``: the program's signature in lazyrt's terms (``Prog.sig``): its executable is
+    looked up by it first, without tracing (``_diskcache.signature_key``), and stored under
+    it once compiled.
+
     Lowered with x64 on, so int64/float64 stay exact (lazyrt enables x64 only locally)."""
     t0 = time.perf_counter()
     upgrade = None
+    signed, exe = _load_signed(sig, args, donate_argnums, kind)
+    if exe is not None:
+        seconds = time.perf_counter() - t0
+        COUNTERS["cache_misses"] += 1
+        COUNTERS["compile_seconds"] += seconds
+        if tiered:
+            return exe, MemoryAnalysis.of(exe), seconds, None
+        return exe, MemoryAnalysis.of(exe), seconds
     with jax.enable_x64(True), warnings.catch_warnings(), _profile.span(_profile.COMPILE):
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         jitted = jax.jit(fn, donate_argnums=donate_argnums)
@@ -256,6 +306,8 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
         opts = program_options(text, kind)
         name = None if text is None or _diskcache.directory() is None else \
             _diskcache.key(lowered, text, opts)
+        if signed is not None and _diskcache.key(lowered, "", {}) is None:
+            signed = None  # host callbacks (or no device list): never stored, signed neither
         exe = _load(name, lowered)
         if exe is None:
             if tiered and config.compile == "tiered" and _tiers.has_room():
@@ -264,11 +316,14 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
                 if exe is None:
                     exe = compile(lowered, {**opts, **FIRST_TIER})
                     _store(name0, exe)
-                upgrade = Upgrade(lowered, opts, name)
+                upgrade = Upgrade(lowered, opts, name, signed)
                 exe = FirstTier(exe, upgrade)
             else:
                 exe = compile(lowered, opts)
                 _store(name, exe)
+                _store_signed(signed, exe)
+        else:
+            _store_signed(signed, exe)
     seconds = time.perf_counter() - t0
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds

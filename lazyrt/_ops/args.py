@@ -4,15 +4,21 @@
 The walk is the hot path of every op: it appends each tensor input's value to ``vals``
 and each runtime float to ``scal`` and returns the hashable key of the rest. A view input
 is keyed by its chain and passes its *base* value: the op applies the view steps itself
-(XLA fuses them), so views are never materialized on their own.
+(XLA fuses them), so views are never materialized on their own. A view at runtime
+positions (``_exec.views.PosChain``: ``x[i]``) is keyed without them, and without its
+storage offset (which moves with them): its positions go to ``scal`` as runtime ints, so
+one plan serves every position (``_ops.positions``).
 """
 from __future__ import annotations
+
+import hashlib
+import os
 
 import torch
 
 from .._base.tensor import TpuTensor, storage_extent
 from .._exec.values import host_to_device
-from .._exec.views import apply_chain, chain_text
+from .._exec.views import PosChain, apply_chain, chain_text
 
 _META = torch.device("meta")
 
@@ -40,11 +46,25 @@ _ALLOW_CPU = {"copy_", "index", "index_put", "index_put_", "_index_put_impl_", "
 
 
 class RuntimeInt(int):
-    """An int argument that is a runtime input of the plan (a symbolic int of a compiled
-    graph: ``_compile``), not a static argument; its value is an example (meta kernels
-    get it). Plans of eager ops never see one: ``walk`` keys it as a static int."""
+    """An int argument that is a runtime input of the plan, not a static argument (an "i"
+    scalar): a symbolic int of a compiled graph (``_compile``), or a position of an eager
+    op (``_ops.positions``). Its value is this call's (meta kernels get it); ``walk``
+    keys it as ``int`` and passes the value as a runtime scalar."""
 
     __slots__ = ()
+
+
+class SliceEnd(int):
+    """A positional slice's ``end`` (``_ops.positions``): this call's end, and the slice's
+    static ``length``, which the lowering takes when its start is a runtime value."""
+
+    def __new__(cls, end: int, length: int):
+        self = super().__new__(cls, end)
+        self.length = length
+        return self
+
+    def __repr__(self):
+        return f"<end +{self.length}>"
 
 
 class TracingArgument(Exception):
@@ -68,6 +88,15 @@ def _cpu_input(entry, t: torch.Tensor, vals: list):
     return ("cpu", tuple(t.shape), t.dtype)
 
 
+def view_key(a: TpuTensor, ch, scal: list):
+    """The key of view ``a`` (chain ``ch``); a positional chain's positions go to ``scal``."""
+    if type(ch) is PosChain:
+        scal.extend(ch.pos)
+        sp = a._spec
+        return ((sp[0], sp[1], sp[2]), ch.skey)
+    return (a._spec, ch)
+
+
 def walk(entry, a, vals: list, scal: list, dyn: bool):
     """The cache-key part of argument ``a``; collects its values into ``vals`` and (when
     ``dyn``: floats are runtime inputs) its floats into ``scal``."""
@@ -77,7 +106,7 @@ def walk(entry, a, vals: list, scal: list, dyn: bool):
         ch = a._chain
         if ch is None:
             return a._spec
-        return (a._spec, ch)
+        return view_key(a, ch, scal)
     if tp is float:
         if dyn:
             scal.append(a)
@@ -91,6 +120,9 @@ def walk(entry, a, vals: list, scal: list, dyn: bool):
         return _cpu_input(entry, a, vals)
     if isinstance(a, torch.Generator):
         return None
+    if tp is RuntimeInt:
+        scal.append(a)
+        return int
     return a
 
 
@@ -132,7 +164,7 @@ def rebuild(tpl, it_arr, it_sc):
     if tpl is FSLOT or tpl is ISLOT:
         return next(it_sc)
     if type(tpl) is ViewSlot:
-        return apply_chain(tpl.chain, next(it_arr))
+        return apply_chain(tpl.chain, next(it_arr), it_sc=it_sc)
     if type(tpl) is list:
         return [rebuild(x, it_arr, it_sc) for x in tpl]
     if type(tpl) is tuple:
@@ -192,3 +224,87 @@ def spec_of_meta(m: torch.Tensor) -> tuple:
 def arg(args, kwargs, name: str, pos: int):
     """The argument at schema position ``pos`` / keyword ``name``."""
     return args[pos] if pos < len(args) else kwargs.get(name)
+
+
+# ---- signatures: a plan's program in lazyrt's own terms (``Prog.sig``) ------------------
+
+_SIG_SCALARS = (int, float, bool, str, type(None))
+_SIG_TORCH = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _sig_of(a):
+    """A stable text of template value ``a``, or None where it has no stable text."""
+    if a is TSLOT or a is FSLOT or a is ISLOT or a is GSLOT or a is _B1 or a is _B0:
+        return a.name
+    if type(a) is ViewSlot:
+        steps = []
+        for s in a.chain:
+            sig = s[0].prog.sig
+            if sig is None:
+                return None
+            steps.append(f"{sig}:{s[1]}:{len(s[2]) if len(s) == 3 else -1}")
+        return "view(" + ";".join(steps) + ")"
+    if type(a) is SliceEnd:
+        return f"end+{a.length}"
+    tp = type(a)
+    if tp in _SIG_SCALARS:
+        return f"{tp.__name__}:{a!r}"
+    if isinstance(a, _SIG_TORCH):
+        return f"{tp.__name__}:{a}"
+    if tp is list or tp is tuple:
+        parts = [_sig_of(x) for x in a]
+        if any(p is None for p in parts):
+            return None
+        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
+    if tp is dict:
+        parts = {k: _sig_of(v) for k, v in a.items()}
+        if any(v is None for v in parts.values()):
+            return None
+        return "{" + ",".join(f"{k}={v}" for k, v in sorted(parts.items())) + "}"
+    return None
+
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STABLE_MODULES = ("lazyrt.", "kernels_pallas", "jax", "numpy", "builtins", "math")
+
+
+def _lazyrt_code(fn, depth: int = 0) -> bool:
+    """Whether ``fn`` is lazyrt's own code (its source is in ``source_key``): defined in
+    lazyrt's package, closing over nothing but such functions, JAX's and NumPy's, and plain
+    values. A user's function (``lazyrt.jax_op``, a lowering registered from outside)
+    is not: its program is found by its traced text only."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_filename.startswith(_PKG) or depth > 3:
+        return False
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(v, (int, float, str, bool, type(None), torch.dtype)):
+            continue
+        if hasattr(v, "__code__"):
+            if not _lazyrt_code(v, depth + 1):
+                return False
+        elif not (callable(v) and str(getattr(v, "__module__", "")).startswith(_STABLE_MODULES)):
+            return False
+    return True
+
+
+def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str | None:
+    """The program of a plan in lazyrt's own terms: the op and how it resolved (its
+    lowering's name), the static arguments, the input and output avals, the runtime
+    scalars' kinds. With the hash of lazyrt's source (``_exec.diskcache.source_key``) and
+    the switches that lowerings read, it names the program's executable in the persistent
+    cache; None where an argument has no stable text (then the traced text names it)."""
+    a, kw = _sig_of(tpl_args), _sig_of(dict(tpl_kwargs))
+    if a is None or kw is None:
+        return None
+    low = e.resolution.lowering
+    fn = low.fn if low is not None else e.fn
+    if not _lazyrt_code(fn):
+        return None
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    text = (f"{e.name}|{e.resolution.how}|{name}|{a}|{kw}|{in_avals}|{scalar_kinds}|"
+            f"{out_avals}")
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

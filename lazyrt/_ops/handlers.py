@@ -28,8 +28,10 @@ from .._base.metrics import COUNTERS
 from .._base.tensor import TpuTensor, contiguous_strides, storage_extent
 from .._exec import values as _values
 from .._exec.values import new_tensor, run, to_cpu, write
+from .._exec.views import PosChain, extend
 from . import append as _append
 from . import fallback as _fallback
+from . import positions as _positions
 from .args import arg, walk
 from .plan import make_plan, plan_for, remember
 
@@ -94,6 +96,10 @@ def view(e, args, kwargs):
         w = _append.window(e.packet, base, args, kwargs)
         if w is not None:  # the end of a grown tensor: from its buffer
             return view(e, *w)
+    if e.packet in _positions.VIEWS:
+        r = _positions.view(e, base, args, kwargs)
+        if r is not None:  # at runtime positions
+            return r
     if e.packet == "as_strided":
         _check_storage_bounds(base, args, kwargs)
         root = _append.storage_root(base) if base._chain is not None else None
@@ -109,13 +115,18 @@ def view(e, args, kwargs):
     kw = tuple([(k, walk(e, v, vals, scal, True)) for k, v in kwargs.items()]) if kwargs else ()
     if vals or scal:  # another tensor or a float argument: not a pure view of args[0]
         return functional(e, args, kwargs)
-    key = ("view", base._spec, rest, kw)
+    # a view of a view at runtime positions: keyed without the storage offset that moves
+    # with them (``_positions.moved``)
+    moving = type(base._chain) is PosChain and e.packet != "as_strided"
+    key = ("view", base._spec[:3] if moving else base._spec, rest, kw)
     plan = e.plans.get(key)
     if plan is None:
         # NOTE: the plan needs the base's aval only; reading its value would record (defer)
         # or run (strict) the view chain for nothing, and only on this first call.
         aval = jax.ShapeDtypeStruct(tuple(base.shape), _dtypes.to_jax(base.dtype))
         plan = make_plan(e, args, kwargs, [aval], [], fold=False)
+        if moving:
+            _positions.note_base(plan, base)
         remember(e.plans, key, plan)
     st = base._st
     if e.packet in _IDENTITY_VIEWS:
@@ -124,7 +135,11 @@ def view(e, args, kwargs):
             if fake is not None:
                 return fake
         # detach/alias: the same storage at the same chain, no extra step to derive.
-        return TpuTensor._wrap(plan.out_specs[0], st, base._chain, base._cache, base._cver)
+        s = plan.out_specs[0]
+        return TpuTensor._wrap(_positions.moved(s, plan, base) if moving else s, st,
+                               base._chain, base._cache, base._cver)
+    if type(base._chain) is PosChain:
+        return _positional_views(e, plan, base, moving)
     prefix = base._chain or ()
     res = []
     i = 0
@@ -134,6 +149,27 @@ def view(e, args, kwargs):
             i += len(s)
         else:
             res.append(TpuTensor._wrap(s, st, prefix + ((plan, i),)))
+            i += 1
+    return res[0] if e.n_returns == 1 else tuple(res)
+
+
+def _positional_views(e, plan, base, moving: bool):
+    """``view``'s outputs of a base at runtime positions (chains stay ``PosChain``s; specs
+    move with the base's offset unless the plan addresses storage: ``as_strided``)."""
+    st, prefix = base._st, base._chain
+
+    def spec(s):
+        return _positions.moved(s, plan, base) if moving else s
+
+    res = []
+    i = 0
+    for s, k in zip(plan.layout.fresh, plan.layout.kinds):
+        if k == "TL":
+            res.append([TpuTensor._wrap(spec(sp), st, extend(prefix, (plan, i + j)))
+                        for j, sp in enumerate(s)])
+            i += len(s)
+        else:
+            res.append(TpuTensor._wrap(spec(s), st, extend(prefix, (plan, i))))
             i += 1
     return res[0] if e.n_returns == 1 else tuple(res)
 

@@ -29,10 +29,12 @@ from .args import (
     RuntimeInt,
     arg,
     rebuild,
+    signature,
     spec_of_meta,
     static_desc,
     template,
     to_meta,
+    view_key,
     walk,
 )
 
@@ -192,7 +194,8 @@ def _specs_from_meta(e, mout, margs, mkw, mut_specs):
 def _specs_from_lowering(e, call, vals, scal):
     """Output specs from the lowering's abstract shapes (contiguous)."""
     with _X64(True):
-        shaped = jax.eval_shape(call, *vals, *[0.0] * len(scal), *([0] if e.random else []))
+        shaped = jax.eval_shape(call, *vals, *[0 if type(x) is RuntimeInt else 0.0 for x in scal],
+                                *([0] if e.random else []))
     if not isinstance(shaped, (tuple, list)) or e.n_returns == 1:
         shaped = (shaped,)
     kinds = [k for k, a in zip(e.ret_kinds, e.ret_alias) if a < 0]
@@ -298,6 +301,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
     const = not random and not _reads_arrays(jaxpr, n_arr)
     plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op, const=const)
+    plan.prog.sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds, out_avals)
     return plan
 
 
@@ -346,7 +350,7 @@ def plan_for(e, args, kwargs):
         if type(a) is TpuTensor:
             vals.append(a._st.value)
             ch = a._chain
-            key.append(a._spec if ch is None else (a._spec, ch))
+            key.append(a._spec if ch is None else view_key(a, ch, scal))
         else:
             key.append(walk(e, a, vals, scal, dyn))
     key = tuple(key)

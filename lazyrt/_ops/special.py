@@ -29,6 +29,7 @@ from .._exec.values import (
 )
 from . import append as _append
 from . import bounds as _bounds
+from . import positions as _positions
 from .args import to_meta
 from .handlers import functional, mutating, restride
 
@@ -405,6 +406,11 @@ def pack_padded_sequence(e, args, kwargs):
     return aten.cat.default(steps), torch.tensor(sizes, dtype=torch.int64)
 
 
+def roll(e, args, kwargs):
+    """``torch.roll``: its shifts are runtime positions (``_positions``)."""
+    return functional(e, *_positions.roll_args(args, kwargs))
+
+
 def record_stream(e, args, kwargs):
     return None
 
@@ -492,4 +498,5 @@ SPECIAL = {
     aten.index_put.default: index_put,
     aten.index_put_.default: index_put,
     **_bounds.special_handlers(),
+    aten.roll.default: roll,
 }

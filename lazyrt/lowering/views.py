@@ -102,9 +102,13 @@ def squeeze(self, dim=None):
 
 @lower(aten.slice.Tensor)
 def slice_(self, dim=0, start=None, end=None, step=1):
+    """A traced ``start`` is a runtime position (``_ops.positions``): the host clamped it,
+    and ``end`` carries the slice's static ``length``."""
     if self.ndim == 0:
         return self
     d = canon_dim(dim, self.ndim)
+    if _traced(start):
+        return slice_at(self, d, start, end.length, step)
     n = self.shape[d]
     s = 0 if start is None else start
     e = n if end is None else end
@@ -119,13 +123,47 @@ def slice_(self, dim=0, start=None, end=None, step=1):
     return self[tuple(idx)]
 
 
+def _traced(v) -> bool:
+    return v is not None and not isinstance(v, int)
+
+
+def _span(length: int, step: int) -> int:
+    return (length - 1) * step + 1 if length else 0
+
+
+def slice_at(self, d: int, start, length: int, step: int):
+    """``length`` elements every ``step`` along ``d`` from the runtime ``start`` (in range:
+    ``lax.dynamic_slice`` would clamp it, so the host checks)."""
+    x = lax.dynamic_slice_in_dim(self, start, _span(length, step), axis=d)
+    return lax.slice_in_dim(x, 0, x.shape[d], step, axis=d) if step != 1 else x
+
+
+def slice_at_inverse(base, new, d: int, start, length: int, step: int):
+    """``base`` with ``new`` written at ``slice_at(base, d, start, length, step)``."""
+    new = new.astype(base.dtype)
+    if step == 1:
+        return lax.dynamic_update_slice_in_dim(base, new, start, axis=d)
+    idx = start + jnp.arange(length) * step
+    x = jnp.moveaxis(base, d, 0).at[idx].set(jnp.moveaxis(new, d, 0))
+    return jnp.moveaxis(x, 0, d)
+
+
 @lower(aten.select.int)
 def select(self, dim, index):
+    """A traced ``index`` is a runtime position (``_ops.positions``)."""
     d = canon_dim(dim, self.ndim)
     n = self.shape[d]
+    if _traced(index):
+        index = jnp.where(index < 0, index + n, index)
+        return lax.dynamic_index_in_dim(self, index, d, keepdims=False)
     if index < 0:
         index += n
     return lax.index_in_dim(self, index, d, keepdims=False)
+
+
+def select_inverse(base, new, d: int, index):
+    """``base`` with ``new`` written at ``select(base, d, index)`` (``index`` runtime)."""
+    return lax.dynamic_update_index_in_dim(base, new.astype(base.dtype), index, d)
 
 
 @lower(aten.diagonal.default)
@@ -291,6 +329,7 @@ def flip(self, dims):
 
 @lower(aten.roll.default)
 def roll(self, shifts, dims=()):
+    """``shifts`` may be runtime positions (``_ops.positions``): ``jnp.roll`` takes them."""
     if not dims:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
     return jnp.roll(self, tuple(shifts), tuple(canon_dim(d, self.ndim) for d in dims))
