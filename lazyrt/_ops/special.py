@@ -9,11 +9,10 @@ import warnings
 
 import torch
 
-from .._base import dtypes as _dtypes
 from .._base import source as _source
 from .._base.config import config
 from .._base.ir import Pending
-from .._base.tensor import TpuTensor, contiguous_spec, storage_at
+from .._base.tensor import TpuTensor
 from .._exec import asserts as _asserts
 from .._exec import defer as _defer
 from .._exec.values import (
@@ -29,9 +28,10 @@ from .._exec.values import (
 )
 from . import append as _append
 from . import bounds as _bounds
+from . import checks as _checks
 from . import positions as _positions
-from .args import to_meta
-from .handlers import functional, mutating, restride
+from . import storage as _storage
+from .handlers import functional, mutating
 
 aten = torch.ops.aten
 
@@ -63,7 +63,7 @@ def copy_(e, args, kwargs):
     if not isinstance(dst, TpuTensor):
         # tpu -> cpu (or another device)
         if not isinstance(src, TpuTensor):
-            src = _over_storage(src)  # made in C++ on a tpu storage's address (from_blob)
+            src = _storage.over_storage(src)  # made in C++ on a tpu storage's address (from_blob)
         dst.copy_(to_cpu(src))
         return dst
     if isinstance(src, TpuTensor):
@@ -263,106 +263,6 @@ def is_pinned(e, args, kwargs):
     return False
 
 
-def resize_(e, args, kwargs):
-    """``t.resize_(size)``: PyTorch's checks and new strides (its meta kernel's), then the
-    storage reinterpreted at ``t``'s offset (``_handlers.restride``)."""
-    self, size = args[0], tuple(args[1])
-    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
-    m = to_meta(self).resize_(size, memory_format=fmt)
-    if tuple(m.shape) == tuple(self.shape) and tuple(m.stride()) == tuple(self.stride()):
-        return self
-    restride(self, tuple(m.shape), tuple(m.stride()))
-    return self
-
-
-def resize_as_(e, args, kwargs):
-    self, template = args[0], args[1]
-    fmt = args[2] if len(args) > 2 else kwargs.get("memory_format")
-    resize_(e, (self, tuple(template.shape)), {})
-    if fmt is not None:
-        if fmt is torch.preserve_format:
-            fmt = torch._prims_common.suggest_memory_format(template)
-        stride = torch.empty(tuple(self.shape), memory_format=fmt, device="meta").stride()
-        if tuple(stride) != tuple(self.stride()):
-            restride(self, tuple(self.shape), tuple(stride))
-    return self
-
-
-def _set_check(self, src):
-    if src.dtype != self.dtype:
-        raise RuntimeError(f"Could not set tensor of type {_type_name(src.dtype)} to a tensor "
-                           f"of type {_type_name(self.dtype)}")
-    if not isinstance(src, TpuTensor):
-        raise RuntimeError(f"Expected a tpu tensor as the source of set_, got one on {src.device}")
-
-
-def _type_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def set_source(e, args, kwargs):
-    """``t.set_(src)``: ``t`` shares ``src``'s storage, sizes, strides and offset."""
-    self, src = args[0], args[1]
-    _set_check(self, src)
-    self._rebind(src)
-    return self
-
-
-def _alias(storage, dtype, offset, size, stride) -> TpuTensor:
-    """The tpu tensor of ``dtype``, ``offset``, ``size`` and ``stride`` on ``storage`` (a tpu
-    storage object, found by its address while a tensor of it lives). Read in another dtype
-    (bytes), it is the storage's values reinterpreted, as one run."""
-    st, skip = storage_at(storage.data_ptr()) if storage.device.type == "tpu" else (None, 0)
-    if st is None:
-        raise RuntimeError(f"lazyrt: a tpu tensor on a storage on {storage.device} that no "
-                           "live tpu tensor has (a tpu storage holds no bytes of its own)")
-    size1 = dtype.itemsize
-    if skip % size1:
-        raise NotImplementedError(f"lazyrt: a tpu storage slice at byte {skip} read as {dtype}")
-    offset += skip // size1
-    size, stride = tuple(size), tuple(stride)
-    root = TpuTensor._wrap(contiguous_spec(st.value.shape, _dtypes.to_torch(st.value.dtype)), st)
-    if root.dtype == dtype:
-        return aten.as_strided.default(root, size, stride, offset)
-    if len(size) == 1 and (stride == (1,) or size[0] <= 1):
-        flat = aten.view.dtype(aten.view.default(root, [-1]), dtype)
-        return aten.slice.Tensor(flat, 0, offset, offset + size[0])
-    raise NotImplementedError(
-        f"lazyrt: a {root.dtype} tpu storage read as {dtype} with sizes {list(size)} and "
-        f"strides {list(stride)}: only its values as one run of {dtype} are supported")
-
-
-def _over_storage(t: torch.Tensor) -> TpuTensor:
-    """A plain tensor C++ made on a tpu storage's address (``at::from_blob``, as the legacy
-    serializer does) as the tpu tensor it reads."""
-    return _alias(t.untyped_storage(), t.dtype, t.storage_offset(), t.shape, t.stride())
-
-
-def set_storage(e, args, kwargs):
-    """``t.set_(storage[, offset, size, stride])`` with a tpu tensor's storage (what storage
-    methods and TorchScript's serializer do): ``t`` aliases that tensor's storage."""
-    self, source = args[0], args[1]
-    rest = list(args[2:]) + [kwargs[k] for k in ("storage_offset", "size", "stride") if k in kwargs]
-    if not rest:
-        rest = (0, (source.nbytes() // self.element_size(),), (1,))
-    self._rebind(_alias(source, self.dtype, *rest))
-    return self
-
-
-def is_set_to(e, args, kwargs):
-    """Whether both tensors are the same storage, offset, sizes and strides."""
-    a, b = args[0], args[1]
-    return (isinstance(b, TpuTensor) and a._st is b._st and a._spec == b._spec
-            and a._chain == b._chain)
-
-
-def set_empty(e, args, kwargs):
-    """``t.set_()``: an empty tensor on a new storage."""
-    self = args[0]
-    self._rebind(aten.empty.memory_format([0], dtype=self.dtype, device=self.device))
-    return self
-
-
 def det_of_strided(e, args, kwargs):
     """``_linalg_det``/``_linalg_slogdet`` of a non-contiguous real tensor: PyTorch factors
     A itself there (A^T when contiguous, which the lowering does), so the lowering gets the
@@ -477,14 +377,7 @@ SPECIAL = {
     aten.allclose.default: allclose,
     aten.is_nonzero.default: is_nonzero,
     aten.is_pinned.default: is_pinned,
-    aten.resize_.default: resize_,
-    aten.resize_as_.default: resize_as_,
     aten.record_stream.default: record_stream,
-    aten.set_.source_Tensor: set_source,
-    aten.set_.source_Storage: set_storage,
-    aten.set_.source_Storage_storage_offset: set_storage,
-    aten.set_.default: set_empty,
-    aten.is_set_to.default: is_set_to,
     aten._linalg_det.default: det_of_strided,
     aten._pack_padded_sequence.default: pack_padded_sequence,
     aten._linalg_slogdet.default: det_of_strided,
@@ -499,4 +392,6 @@ SPECIAL = {
     aten.index_put_.default: index_put,
     **_bounds.special_handlers(),
     aten.roll.default: roll,
+    **_checks.special_handlers(),
+    **_storage.special_handlers(),
 }

@@ -1,5 +1,5 @@
-"""Every change lazyrt makes to PyTorch's own Python objects, in one place (with
-``patches_io``: saving, loading and tracing).
+"""Every change lazyrt makes to PyTorch's own Python objects, in one place (with its parts
+``patches_io``: saving, loading and tracing, and ``patches_dist``: FSDP2 and DTensor).
 
 Checked against torch 2.11.0, 2.13.0 and 2.14.1 (lazyrt's range is 2.11 to 2.14); what a
 torch lacks is asked of ``_base.compat``, never of the version number. Each patch says what it changes,
@@ -22,6 +22,7 @@ from .._base import compat
 from .._base.tensor import TpuTensor
 from .._ops import backward_hold as _backward_hold
 from .._ops import control as _control
+from . import patches_dist as _patches_dist
 from . import patches_io as _patches_io
 from . import patchset as _patchset
 from . import profiler as _profiler
@@ -426,86 +427,6 @@ def install(compile_rule) -> None:
 # ---- lazyrt.distributed: installed when its collectives are first registered ---------------
 # (torch.distributed.fsdp / .tensor load then, never at ``import lazyrt``.)
 
-def _patch_fsdp_storage() -> None:
-    """FSDP2's ``alloc_storage`` / ``free_storage`` (``torch.distributed.fsdp._fully_shard.
-    _fsdp_param`` and ``_fsdp_param_group``) resize the storage of the unsharded
-    parameters; a tpu tensor has no byte storage (its value is a JAX array rebound by every
-    write), so for tpu tensors both are no-ops: the unsharded value is replaced by the
-    next all-gather's copy-out."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-
-    orig_alloc, orig_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
-    if getattr(orig_alloc, "_lazyrt", False):
-        return
-
-    def alloc_storage(tensor):
-        if isinstance(tensor, TpuTensor):
-            return None
-        return orig_alloc(tensor)
-
-    def free_storage(tensor):
-        if isinstance(tensor, TpuTensor):
-            return None
-        return orig_free(tensor)
-
-    alloc_storage._lazyrt = True
-    free_storage._lazyrt = True
-    _fsdp_param.alloc_storage = alloc_storage
-    _fsdp_param.free_storage = free_storage
-    _fsdp_param_group.alloc_storage = alloc_storage
-
-
-def _patch_fsdp_init(hooks) -> None:
-    """FSDP2 shards each parameter at ``fully_shard`` time by copying chunk ``rank`` of it:
-    rank-dependent slices. Flush them there (a rank-local program), so they do not end up
-    in the first training step's program, which in fused mode must be the same on every
-    rank."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fsdp_state
-
-    def after(cls, name, when=lambda self: True):
-        orig = getattr(cls, name)
-        if getattr(orig, "_lazyrt", False):
-            return
-
-        def wrapped(self, *args, **kwargs):
-            first = when(self)
-            out = orig(self, *args, **kwargs)
-            if first:
-                hooks.flush_for_c10d(f"FSDP2 {name.strip('_')}")
-            return out
-
-        wrapped._lazyrt = True
-        setattr(cls, name, wrapped)
-
-    after(_fsdp_param_group.FSDPParamGroup, "__init__")
-    # NOTE: _lazy_init runs at every root forward; it does work only the first time.
-    after(_fsdp_state.FSDPState, "_lazy_init", lambda self: self._is_root is None)
-
-
-def _patch_dtensor_local_chunks(hooks) -> None:
-    """DTensor's Replicate -> Shard (and ``distribute_tensor`` without a scatter) keeps
-    chunk ``rank`` of the local tensor: a rank-dependent slice. In fused mode it runs as a
-    rank-dependent step (``_engine.rank_dependent``: pending collectives flushed before,
-    the slice flushed after), so fused programs stay the same on every rank."""
-    from torch.distributed.tensor import placement_types as pt
-
-    for cls in (pt.Shard, getattr(pt, "_StridedShard", None)):
-        if cls is None or "_select_split_tensor" not in cls.__dict__:
-            continue
-        orig = cls.__dict__["_select_split_tensor"]
-        if getattr(orig, "_lazyrt", False):
-            continue
-
-        def wrapped(self, tensor, *args, _orig=orig, **kwargs):
-            if not (isinstance(tensor, TpuTensor) and hooks.fused_active()):
-                return _orig(self, tensor, *args, **kwargs)
-            with hooks.rank_dependent():
-                return _orig(self, tensor, *args, **kwargs)
-
-        wrapped._lazyrt = True
-        cls._select_split_tensor = wrapped
-
-
 _dist_installed = []
 
 
@@ -516,12 +437,11 @@ def install_distributed(hooks) -> None:
     if _dist_installed:
         return
     _dist_installed.append(True)
-    _apply(_patch_fsdp_storage)
-    _apply(_patch_fsdp_init, hooks)
-    _apply(_patch_dtensor_local_chunks, hooks)
+    _apply(_patches_dist._patch_fsdp_storage)
+    _apply(_patches_dist._patch_fsdp_init, hooks)
+    _apply(_patches_dist._patch_dtensor_local_chunks, hooks)
 
 
 NAMES = tuple(name(p) for p in (*PATCHES, _compile_picks_tpu, _dynamo_wraps_tpu_tensors,
                                 _dynamo_traces_rnn, _static_tpu_shapes, _recompile_limit_hook,
-                                _patch_fsdp_storage, _patch_fsdp_init,
-                                _patch_dtensor_local_chunks))
+                                *_patches_dist.PATCHES))

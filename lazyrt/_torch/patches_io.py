@@ -245,7 +245,7 @@ def _jit_save_load() -> None:
     """``torch.jit.save`` / ``torch.jit.load`` (``torch.jit._serialization``). Saving: the
     serializer reads each tensor's storage in C++, so every tpu tensor of the module gets its
     storage identity first (``TpuTensor.untyped_storage``), which it then copies to the host
-    through ``set_`` (``_special.set_storage``). Loading onto tpu: TorchScript rebuilds each
+    through ``set_`` (``_ops.storage.set_storage``). Loading onto tpu: TorchScript rebuilds each
     tensor by setting sizes and storage on a device TensorImpl in C++, which a tpu tensor
     cannot take; so ``map_location="tpu"`` loads onto the CPU and moves the module, and a
     load that would rebuild on tpu by itself (no ``map_location``) is refused by name."""

@@ -39,16 +39,48 @@ def view_dtype_inverse(base, new):
 
 
 def _bitcast(self, jd):
-    """Reinterpret the bytes as ``jd``; the last dim scales by the itemsize ratio."""
-    if jnp.dtype(jd).itemsize == self.dtype.itemsize:
+    """Reinterpret the bytes as ``jd``; the last dim scales by the itemsize ratio.
+
+    ``lax.bitcast_convert_type`` takes neither bool nor complex: a bool is its byte (uint8),
+    read back as ``byte != 0``; a complex number is its (real, imag) pair of floats, the
+    layout PyTorch and NumPy store."""
+    jd = jnp.dtype(jd)
+    if self.dtype == jd:
+        return self
+    if self.ndim == 0:  # (same itemsizes only: PyTorch checks that)
+        return _bitcast(self.reshape(1), jd).reshape(())
+    if self.dtype == jnp.bool_:
+        return _bitcast(self.astype(jnp.uint8), jd)
+    if jd == jnp.bool_:
+        return _bitcast(self, jnp.dtype(jnp.uint8)) != 0
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        pairs = jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+        return _bitcast(pairs.reshape(self.shape[:-1] + (self.shape[-1] * 2,)), jd)
+    if jnp.issubdtype(jd, jnp.complexfloating):
+        part = jnp.dtype(jnp.real(jnp.zeros((), jd)).dtype)
+        flat = _bitcast(self, part)
+        pairs = flat.reshape(flat.shape[:-1] + (flat.shape[-1] // 2, 2))
+        return lax.complex(pairs[..., 0], pairs[..., 1])
+    if jd.itemsize == self.dtype.itemsize:
         return lax.bitcast_convert_type(self, jd)
-    src, dst = self.dtype.itemsize, jnp.dtype(jd).itemsize
+    src, dst = self.dtype.itemsize, jd.itemsize
     if dst < src:
         out = lax.bitcast_convert_type(self, jd)  # adds a trailing dim of src // dst
         return out.reshape(self.shape[:-1] + (self.shape[-1] * (src // dst),))
     r = dst // src
     x = self.reshape(self.shape[:-1] + (self.shape[-1] // r, r))
     return lax.bitcast_convert_type(x, jd)
+
+
+@lower(aten.split_copy.Tensor)
+def split_copy(self, split_size, dim=0):
+    """``split``'s pieces as new tensors."""
+    return split(self, split_size, dim)
+
+
+@lower(aten._reshape_copy.default)
+def reshape_copy(self, size):
+    return jnp.reshape(self, _norm_shape(size, self.size))
 
 
 @lower(aten.alias.default, aten.detach.default, aten.lift_fresh.default)

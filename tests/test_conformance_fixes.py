@@ -1,0 +1,117 @@
+"""Groups of failures of PyTorch's own device-generic tests on tpu (``perf.pytorch_suite``,
+docs/conformance.md), each checked here against PyTorch CPU eager in strict and defer."""
+from __future__ import annotations
+
+import pytest
+import torch
+from _util import assert_close, to_tpu
+
+# ---- Tensor.view(dtype): bool and complex, 0-d, across itemsizes ---------------------------
+
+VIEW_CASES = [
+    (torch.int8, torch.bool, (4, 6)),
+    (torch.bool, torch.int8, (4, 6)),
+    (torch.bool, torch.int16, (3, 4)),
+    (torch.float32, torch.complex64, (3, 4)),
+    (torch.complex64, torch.float32, (3, 4)),
+    (torch.complex64, torch.int16, (2, 3)),
+    (torch.int16, torch.complex64, (2, 8)),
+    (torch.complex128, torch.complex64, (2, 3)),
+    (torch.float64, torch.complex128, (3, 2)),
+    (torch.complex64, torch.int64, ()),
+    (torch.bool, torch.uint8, ()),
+]
+
+
+def _sample(shape, dtype):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_complex or dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype)
+    return torch.randint(0, 2 if dtype == torch.int8 else 100, shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("src,dst,shape", VIEW_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_view_dtype_bool_complex(mode, src, dst, shape):
+    c = _sample(shape, src)
+    t = to_tpu(c)
+    v = t.view(dst)
+    assert v.data_ptr() == t.data_ptr()
+    assert_close(v, c.view(dst), rtol=0, atol=0)
+    assert_close(v.view(src), c, rtol=0, atol=0)
+
+
+def test_view_dtype_complex_writes_through(mode):
+    c = torch.randn(3, 4)
+    t = to_tpu(c)
+    t.view(torch.complex64).mul_(2j)
+    c.view(torch.complex64).mul_(2j)
+    assert_close(t, c)
+
+
+# ---- split_copy ----------------------------------------------------------------------------
+
+
+def test_split_copy(mode):
+    c = torch.randn(5, 3)
+    t = to_tpu(c)
+    assert_close(list(torch.split_copy(t, 2)), list(torch.split_copy(c, 2)))
+    assert_close(list(torch.split_copy(t, 2, dim=1)), list(torch.split_copy(c, 2, dim=1)))
+    outs = [torch.empty(2, 3, device="tpu"), torch.empty(2, 3, device="tpu"), torch.empty(1, 3, device="tpu")]
+    torch.split_copy(t, 2, out=outs)
+    assert_close(outs, list(torch.split_copy(c, 2)))
+    assert torch.split_copy(t, 2)[0]._base is None
+
+
+# ---- nonzero(out=) -------------------------------------------------------------------------
+
+
+def test_nonzero_out_checks(mode):
+    c = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    t = to_tpu(c)
+    with pytest.raises(RuntimeError, match="scalar type Long but got scalar typeFloat"):
+        torch.nonzero(t, out=torch.empty([], device="tpu"))
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(t, out=torch.empty([], dtype=torch.long))
+    out = torch.empty([], dtype=torch.long, device="tpu")
+    torch.nonzero(t, out=out)
+    assert_close(out, torch.nonzero(c))
+
+
+# ---- clamp with neither bound --------------------------------------------------------------
+
+
+def test_clamp_without_bounds_raises_runtime_error(mode):
+    t = to_tpu(torch.randn(5))
+    msg = "At least one of 'min' or 'max' must not be None"
+    with pytest.raises(RuntimeError, match=msg):
+        torch.clamp(torch.randn(5))  # the CPU oracle
+    with pytest.raises(RuntimeError, match=msg):
+        t.clamp()
+    with pytest.raises(RuntimeError, match=msg):
+        t.clamp_()
+    with pytest.raises(RuntimeError, match=msg):
+        torch.clamp(t, out=torch.empty(5, device="tpu"))
+    assert_close(t.clamp(min=0.0), t.cpu().clamp(min=0.0))
+
+
+# ---- sparse and quantized: strided answers, and PyTorch's no-kernel error at the op ----------
+
+
+def test_sparse_dense_dim_of_strided(mode):
+    for shape in [(), (2,), (2, 3)]:
+        c = torch.randn(shape)
+        t = to_tpu(c)
+        assert t.sparse_dim() == c.sparse_dim() == 0
+        assert t.dense_dim() == c.dense_dim() == len(shape)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.quantize_per_tensor(t, 0.1, 5, torch.quint8),
+    lambda t: torch.quantize_per_channel(t, torch.ones(2), torch.zeros(2, dtype=torch.long), 0, torch.qint8),
+    lambda t: t.to_sparse(),
+], ids=["quantize_per_tensor", "quantize_per_channel", "to_sparse"])
+def test_sparse_quantized_raise_no_kernel_error(mode, fn):
+    t = to_tpu(torch.randn(2, 3))
+    with pytest.raises(NotImplementedError, match="Could not run 'aten::.*' with arguments from the 'tpu' backend"):
+        fn(t)
