@@ -4,8 +4,10 @@ a user's kernel): ``torch.ops.lazyrt.flash_attention``, ``torch.ops.lazyrt.matmu
 cache layout: ``kernels_pallas.paged_attention``).
 
 Each runs the ``kernels_pallas`` kernel when the Pallas router allows it
-(``lazyrt.set_pallas``: ``auto`` = on gpu/tpu, ``on`` = also in interpret mode on CPU) and
-the shapes fit, else the kernel's pure-JAX reference (same semantics); the choice is made
+(``lazyrt.set_pallas``: ``auto`` = where ``_base.backend_choices``' "Pallas routing" table
+measured the kernel faster than XLA's path for the platform and shape class, ``on`` =
+wherever it fits, in interpret mode on CPU) and the shapes fit, else the kernel's pure-JAX
+reference (same semantics); the choice is made
 when the op is traced, as for the ATen lowerings that use the router (SDPA, mm/bmm/addmm).
 Backward: the flash kernel's own Pallas backward (its custom VJP); for matmul, the
 reference's derivative (matmuls XLA fuses).
