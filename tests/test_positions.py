@@ -342,3 +342,39 @@ def test_a_warm_process_finds_every_program_by_signature(tmp_path):
         (v0, n0, h0), (v1, n1, h1) = [r.stdout.split() for r in runs]
         assert v0 == v1 and n0 == n1 and h0 == "0"
         assert int(h1) == int(n1) > 0, (mode, runs[1].stdout)
+
+
+def test_a_program_loaded_by_its_text_is_signed_from_its_stored_bytes(tmp_path, monkeypatch):
+    """A process that finds a program by its traced text (its signed entry missing: another
+    import order, an older process) signs it with the bytes it loaded: the next process
+    loads that signed entry and it runs (a loaded XLA:CPU executable serialized again loads,
+    then fails at its first run: "Function ... not found")."""
+    import os
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lazyrt._exec import diskcache, tiers
+    from lazyrt._exec import xla as _xla
+
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+    x = jnp.arange(5.0, dtype=jnp.float32)
+
+    def shifted(v):
+        return (v * 3 + 1,)
+
+    _xla.compile_program(shifted, (x,), sig="shifted")
+    tiers.drain()
+    name = _xla.signed_name("shifted", (x,), ())
+    assert diskcache.get(name) is not None
+    os.unlink(os.path.join(diskcache.directory(), [f for f in os.listdir(diskcache.directory())
+                                                   if f.startswith(name)][0]))
+    hits = COUNTERS["disk_cache_hits"]
+    _xla.compile_program(shifted, (x,), sig="shifted")  # found by its text
+    tiers.drain()
+    assert COUNTERS["disk_cache_hits"] == hits + 1
+    signed = COUNTERS["disk_cache_signed_hits"]
+    exe = _xla.compile_program(lambda v: (_ for _ in ()).throw(AssertionError("traced")),
+                               (x,), sig="shifted")[0]
+    assert COUNTERS["disk_cache_signed_hits"] == signed + 1
+    np.testing.assert_array_equal(np.asarray(exe(x)[0]), np.arange(5.0) * 3 + 1)

@@ -147,7 +147,9 @@ class _GraphPlan:
         env, steps, out_node = self._walk(gp.gm, placeholders)
         self.n_random = sum(1 for s in steps if s[3])
         prog_outs, out_avals = self._outputs(out_node, env, placeholders)
-        self.prog = self._program(gp.name, tpl, len(vals), len(scal), steps, prog_outs,
+        # the inputs' runtime scalars: floats, and views' positions (ints)
+        in_kinds = tuple("i" if type(x) is RuntimeInt else "f" for x in scal)
+        self.prog = self._program(gp.name, tpl, len(vals), in_kinds, steps, prog_outs,
                                   out_avals)
 
     def _walk(self, gm, placeholders):
@@ -222,10 +224,10 @@ class _GraphPlan:
             self.check_outs.append((prog_out(ref, spec), spec))
         return prog_outs, tuple(out_avals)
 
-    def _program(self, name, tpl, n_arr, n_f, steps, prog_outs, out_avals) -> Prog:
+    def _program(self, name, tpl, n_arr, in_kinds, steps, prog_outs, out_avals) -> Prog:
         """The graph's Prog: ``graph_fn(*arrays, *consts, *host values, *floats, *host
         scalars, *runtime scalars, *seeds)`` runs the steps and returns ``prog_outs``."""
-        n_c, n_h = len(self.consts), len(self.host_inputs)
+        n_c, n_h, n_f = len(self.consts), len(self.host_inputs), len(in_kinds)
         n_in = n_arr + n_c + n_h
         n_hs, n_hi = len(self.host_scalars), len(self.host_rt)
         hs_dtypes = [dt for _, dt in self.host_scalars]
@@ -250,7 +252,7 @@ class _GraphPlan:
                 results.append(structure(plan, plan.prog.fn(*ins, *floats, *extra)))
             return tuple(value(r, tables) for r in prog_outs)
 
-        kinds = ("f",) * (n_f + n_hs) + tuple(k for _, k in self.host_rt) + (
+        kinds = in_kinds + ("f",) * n_hs + tuple(k for _, k in self.host_rt) + (
             ("i",) * self.n_random)
         prog = Prog(name, graph_fn, kinds, out_avals, desc=f"{len(steps)} ops", op=None)
         prog.graph = True

@@ -213,10 +213,13 @@ def load_signed(name: str, args, donate_argnums: tuple):
     return exe
 
 
-def serialize_signed(exe) -> bytes | None:
+def serialize_signed(exe, exe_bytes: bytes | None = None) -> bytes | None:
     """``exe``'s payload for a signature entry (its argument/result structure with it), or
-    None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs."""
-    exe_bytes = serialize(exe)
+    None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs.
+    ``exe_bytes``: ``exe``'s serialized form where it was loaded from one (never serialize
+    a loaded executable again: ``_exec.xla._store_signed``)."""
+    if exe_bytes is None:
+        exe_bytes = serialize(exe)
     if exe_bytes is None:
         return None
     try:
