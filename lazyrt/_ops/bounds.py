@@ -234,10 +234,16 @@ def _index_copy(args, kwargs):
             raise IndexError(f"index_copy_(): When source and destination are not scalars, their "
                              f"dimensionality must match. Source dimensionality ({src.dim()}), "
                              f"destination dimensionality ({self.dim()})")
-        d = dim + self.dim() if dim < 0 else dim
-        if src.dim() and self.dim() and 0 <= d < src.dim() and n != src.shape[d]:
-            if list(self.shape[:d] + self.shape[d + 1:]) != list(src.shape[:d] + src.shape[d + 1:]):
-                return _INDEX_COPY(args, kwargs)  # (the meta kernel's RuntimeError comes first)
+        d = dim + max(self.dim(), 1) if dim < 0 else dim
+        if idx.dtype != torch.int64 or self.dtype != src.dtype or not 0 <= d < max(self.dim(), 1):
+            return _INDEX_COPY(args, kwargs)  # (the meta kernel's RuntimeError)
+        sliced = [list(t.shape[:d] + t.shape[d + 1:]) if t.dim() else [] for t in (self, src)]
+        if sliced[0] != sliced[1]:
+            a, b = (" ".join(map(str, x)) for x in sliced)
+            raise RuntimeError(f"index_copy_(): Source/destination tensor must have same slice "
+                               f"shapes. Destination slice shape: {a} at dimension {d} and source "
+                               f"slice shape: {b} at dimension 0.")
+        if src.dim() and n != src.shape[d]:
             raise IndexError(f"index_copy_(): Number of indices ({n}) should be equal to "
                              f"source.size(dim) ({src.shape[d]})")
     return _INDEX_COPY(args, kwargs)

@@ -45,8 +45,11 @@ def host_values(t) -> torch.Tensor | None:
     if type(t) is not TpuTensor:
         return t if isinstance(t, torch.Tensor) and t.device.type == "cpu" else None
     known = _HOST.get(t._st)
-    if (known is None or known[0] != t._st.version or known[3] is None or t._chain is not None
-            or known[3].size != t.numel()):
+    if known is None or known[0] != t._st.version or known[3] is None:
+        return None
+    if known[3].size == 1:  # a scalar: any view of it (``x[a:b] = 5`` expands one) is it
+        return torch.from_numpy(known[3]).reshape(()).expand(t.shape)
+    if t._chain is not None or known[3].size != t.numel():
         return None
     return torch.from_numpy(known[3]).reshape(t.shape)
 
