@@ -25,7 +25,6 @@ import typing
 import weakref
 
 import jax.numpy as jnp
-import numpy as np
 import torch
 
 from .. import lowering as _lowering
@@ -38,12 +37,14 @@ from .._exec.values import concrete, new_tensor, run, write
 from .._exec.views import apply_chain
 from .args import _ALLOW_CPU, arg
 from .handlers import functional, mutating, resize_output
+from .hostvals import UNKNOWN as _UNKNOWN
+from .hostvals import host_values, note_constant, note_host_write, note_transfer  # noqa: F401
+from .hostvals import on_host_value as _on_host
 from .plan import plan_for
 from .schema import functional_of
 
 aten = torch.ops.aten
-_INTS = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
-_SMALL = 1 << 16  # an index transferred with at most this many elements keeps its values
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
 
 
 class Check(typing.NamedTuple):
@@ -60,56 +61,6 @@ class Check(typing.NamedTuple):
 
     def error(self, v: int) -> Exception:
         return self.exc(self.fmt.format(v=v, d=self.dim, n=self.n))
-
-
-# ---- what is known on the host -------------------------------------------------------------
-
-# Storage -> (its version when a host transfer wrote it, min, max, flat values or None)
-_HOST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def note_transfer(t: TpuTensor, src: torch.Tensor) -> None:
-    """``t``'s storage now holds the CPU tensor ``src`` as it is (``copy_``'s host
-    transfer): remember its range (and its values, when small) while nothing rewrites it."""
-    if src.dtype not in _INTS or src.numel() == 0:
-        return
-    lo, hi = torch.aminmax(src.reshape(-1))
-    host = src.reshape(-1).numpy().copy() if src.numel() <= _SMALL else None
-    _HOST[t._st] = (t._st.version, int(lo), int(hi), host)
-
-
-def _first_bad(a: np.ndarray, c: Check):
-    """The first out-of-range value of ``a`` for check ``c``, or None."""
-    a = a.reshape(-1)
-    bad = (a >= c.n) | (a < (-c.n if c.neg else 0))
-    if c.ignore is not None:
-        bad &= a != c.ignore
-    k = int(np.argmax(bad)) if a.size else 0
-    return int(a[k]) if a.size and bad[k] else None
-
-
-_UNKNOWN = object()
-
-
-def _on_host(c: Check):
-    """The first bad value of ``c``'s index known on the host (None: all in range), or
-    ``_UNKNOWN`` (a device value: checked on the device)."""
-    t = c.index
-    if type(t) is not TpuTensor:
-        if type(t) is not torch.Tensor or t.device.type != "cpu":
-            return None  # a tracer's tensor (the argument walk hands the op to it), a meta one
-        return _first_bad(t.detach().numpy(), c)
-    st = t._st
-    known = _HOST.get(st)
-    if known is None or known[0] != st.version:
-        return _UNKNOWN
-    _, lo, hi, host = known
-    if lo >= (-c.n if c.neg else 0) and hi < c.n:
-        return None  # the storage's range is in range: so is any view of it
-    if host is not None and (t._chain is None or (
-            t.numel() == host.size and t.storage_offset() == 0 and t.is_contiguous())):
-        return _first_bad(host, c)  # (a reshaped view of it reads the same values)
-    return _UNKNOWN
 
 
 # ---- the rules, per op ---------------------------------------------------------------------
@@ -194,6 +145,8 @@ def index_checks(self, indices) -> list:
     indices for broadcasting together (PyTorch's ``IndexError``s); a mask's positions are
     in range by construction."""
     ints = [t for t in indices if t is not None]
+    if any(t.dtype not in _INDEX_DTYPES for t in ints):
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     if len(ints) > 1 and not any(t.dtype in (torch.bool, torch.uint8) for t in ints):
         try:
             torch.broadcast_shapes(*[t.shape for t in ints])
@@ -262,6 +215,40 @@ def _index_fill(args, kwargs):
     return _INDEX_FILL(args, kwargs)
 
 
+_INDEX_COPY = _along(IndexError, "index_copy_(): " + _AT)
+
+
+def _index_copy(args, kwargs):
+    """ATen's ``TORCH_CHECK_INDEX``es of ``index_copy`` (``IndexError``; the decomposition
+    used as its meta kernel raises ``RuntimeError`` for them)."""
+    self, dim = args[0], arg(args, kwargs, "dim", 1)
+    idx, src = arg(args, kwargs, "index", 2), arg(args, kwargs, "source", 3)
+    if isinstance(idx, torch.Tensor) and isinstance(src, torch.Tensor) and type(dim) is int:
+        if idx.dim() > 1:
+            raise IndexError(f"index_copy_(): Index should have dimension 1 or 0 (got {idx.dim()})")
+        n = idx.numel()
+        if src.dim() == 0 and n != 1:
+            raise IndexError(f"index_copy_(): When source is scalar, index should have one "
+                             f"element (got {n})")
+        if src.dim() != self.dim() and src.dim() != 0 and self.dim() != 0:
+            raise IndexError(f"index_copy_(): When source and destination are not scalars, their "
+                             f"dimensionality must match. Source dimensionality ({src.dim()}), "
+                             f"destination dimensionality ({self.dim()})")
+        d = dim + max(self.dim(), 1) if dim < 0 else dim
+        if idx.dtype != torch.int64 or self.dtype != src.dtype or not 0 <= d < max(self.dim(), 1):
+            return _INDEX_COPY(args, kwargs)  # (the meta kernel's RuntimeError)
+        sliced = [list(t.shape[:d] + t.shape[d + 1:]) if t.dim() else [] for t in (self, src)]
+        if sliced[0] != sliced[1]:
+            a, b = (" ".join(map(str, x)) for x in sliced)
+            raise RuntimeError(f"index_copy_(): Source/destination tensor must have same slice "
+                               f"shapes. Destination slice shape: {a} at dimension {d} and source "
+                               f"slice shape: {b} at dimension 0.")
+        if src.dim() and n != src.shape[d]:
+            raise IndexError(f"index_copy_(): Number of indices ({n}) should be equal to "
+                             f"source.size(dim) ({src.shape[d]})")
+    return _INDEX_COPY(args, kwargs)
+
+
 # functional op name -> rule(args, kwargs) -> [Check]; its in-place and out= overloads too
 RULES = {
     "index_select": _along(None, None, choose=_index_select_msg),
@@ -270,7 +257,7 @@ RULES = {
     "scatter_add": _GATHER,
     "scatter_reduce": _GATHER,
     "index_add": _along(None, None, choose=_index_add_msg),
-    "index_copy": _along(IndexError, "index_copy_(): " + _AT),
+    "index_copy": _index_copy,
     "index_fill": _index_fill,
     "index_reduce": _along(IndexError, _IN_SELF),
     "take": _flat(IndexError, _TAKE),

@@ -67,7 +67,10 @@ def copy_(e, args, kwargs):
         dst.copy_(to_cpu(src))
         return dst
     if isinstance(src, TpuTensor):
-        return mutating(e, args, kwargs)
+        before = dst._st.version
+        out = mutating(e, args, kwargs)
+        _bounds.note_host_write(dst, before, src)
+        return out
     # host -> tpu: one transfer, then the same broadcast/cast rule
     if src.device.type == "meta":
         raise NotImplementedError("Cannot copy out of meta tensor; no data!")
@@ -82,7 +85,23 @@ def copy_(e, args, kwargs):
             if type(old) is Pending:
                 _defer.forget_last(old)
         return dst
-    return mutating(e, (dst, from_cpu(src.detach())) + tuple(args[2:]), kwargs)
+    before = dst._st.version
+    out = mutating(e, (dst, from_cpu(src.detach())) + tuple(args[2:]), kwargs)
+    _bounds.note_host_write(dst, before, src)
+    return out
+
+
+def _constant_factory(value_of):
+    """``zeros``/``ones``/``full``: as lowered, and an integer result's values noted as
+    known on the host (an index made so and then edited is checked at the op)."""
+
+    def handler(e, args, kwargs):
+        out = functional(e, args, kwargs)
+        if type(out) is TpuTensor:
+            _bounds.note_constant(out, value_of(args, kwargs))
+        return out
+
+    return handler
 
 
 def _replaces_whole(dst: TpuTensor, src: torch.Tensor) -> bool:
@@ -210,13 +229,26 @@ _UINT8_MASK = ("indexing with dtype torch.uint8 is now deprecated, please use a 
                "instead.")
 
 
+def _warn_at_user(msg):
+    """A ``UserWarning`` at the user's line, as ATen's ``TORCH_WARN`` (the Python frame that
+    called the op): two indexings on two lines warn twice under the default filter."""
+    f = _source.user_frame(2)
+    if f is None:
+        warnings.warn(msg, UserWarning, stacklevel=3)
+        return
+    g = f.f_globals
+    warnings.warn_explicit(msg, UserWarning, f.f_code.co_filename, f.f_lineno,
+                           module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
+                           module_globals=g)
+
+
 def _bool_to_long_indices(indices):
     """PyTorch's expandTensors: a bool/uint8 mask index becomes its nonzero coordinates."""
     out = []
     for idx in indices:
         if idx is not None and idx.dtype in (torch.bool, torch.uint8):
             if idx.dtype == torch.uint8:
-                warnings.warn(_UINT8_MASK, UserWarning, stacklevel=3)
+                _warn_at_user(_UINT8_MASK)
             nz = aten.nonzero.default(idx if isinstance(idx, TpuTensor) else idx.to("tpu"))
             for j in range(idx.dim()):
                 out.append(aten.select.int(nz, 1, j))
@@ -367,6 +399,10 @@ SPECIAL = {
     aten.cat.default: cat,
     aten.constant_pad_nd.default: constant_pad_nd,
     aten._scaled_dot_product_fused_attention_overrideable.default: sdpa_fused,
+    aten.zeros.default: _constant_factory(lambda a, k: 0),
+    aten.ones.default: _constant_factory(lambda a, k: 1),
+    aten.full.default: _constant_factory(lambda a, k: a[1] if len(a) > 1 else k["fill_value"]),
+    aten.scalar_tensor.default: _constant_factory(lambda a, k: a[0] if a else k["s"]),
     aten.new_zeros.default: _new_factory(aten.zeros.default),
     aten.new_ones.default: _new_factory(aten.ones.default),
     aten.new_empty.default: _new_factory(aten.empty.memory_format),
