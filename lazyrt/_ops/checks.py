@@ -2,9 +2,11 @@
 not (``special``'s part for conformance: PyTorch's device-generic tests, docs/conformance.md)."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from .handlers import functional, mutating, via_functional
+from .handlers import functional, mutating, restride, via_functional
 
 aten = torch.ops.aten
 
@@ -57,6 +59,58 @@ def clamp_checked(e, args, kwargs):
     return (mutating if e.mut else functional)(e, args, kwargs)
 
 
+def block_diag_checked(e, args, kwargs):
+    """``block_diag``: ATen's checks and messages (the Python ref used as its decomposition
+    words them differently), then the op."""
+    tensors = args[0] if args else kwargs["tensors"]
+    device = tensors[0].device if tensors else None
+    for i, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise RuntimeError(f"torch.block_diag: Input tensors must have 2 or fewer dimensions. "
+                               f"Input {i} has {t.dim()} dimensions")
+        if t.device != device:
+            raise RuntimeError(f"torch.block_diag: input tensors must all be on the same device. "
+                               f"Input 0 is on device {device} and input {i} is on device {t.device}")
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.block_diag.default](*args, **kwargs)
+
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def range_factory_out(e, args, kwargs):
+    """``arange``/``range``/``linspace``/``logspace`` with ``out=``, as ATen's range
+    factories: computed in ``out``'s dtype; an ``out`` with as many elements as the result
+    keeps its shape and strides and takes the values in its logical order (a
+    non-contiguous ``out`` included); any other is resized to 1-D (``arange`` warns). The
+    Python refs' ``out_wrapper`` would resize every ``out`` that is not 1-D."""
+    out = kwargs["out"]
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise RuntimeError(_OVERLAP)
+    op, head = _RANGE_OUT[e.op]
+    res = op(*head, *args, dtype=out.dtype, device=out.device)
+    n = res.numel()
+    if out.numel() != n:
+        if e.op in (aten.arange.out, aten.arange.start_out) and out.numel() > 0:
+            warnings.warn(
+                f"The number of elements in the out tensor of shape {list(out.shape)} is "
+                f"{out.numel()} which does not match the computed number of elements {n}. Note "
+                f"that this may occur as a result of rounding error. The out tensor will be "
+                f"resized to a tensor of shape ({n},).", UserWarning, stacklevel=2)
+        restride(out, (n,), (1,))
+    torch.ops.aten.copy_.default(out, res.reshape(out.shape))
+    return out
+
+
+_RANGE_OUT = {
+    aten.arange.out: (aten.arange.start_step, (0,)),
+    aten.arange.start_out: (aten.arange.start_step, ()),
+    aten.range.out: (aten.range.default, ()),
+    aten.linspace.out: (aten.linspace.default, ()),
+    aten.logspace.out: (aten.logspace.default, ()),
+}
 _NO_BACKEND = [aten.quantize_per_tensor.default, aten.quantize_per_tensor.tensor_qparams,
                aten.quantize_per_tensor.tensors, aten.quantize_per_channel.default,
                aten.quantize_per_tensor_dynamic.default, aten._to_sparse.default,
@@ -74,4 +128,6 @@ def special_handlers() -> dict:
         aten.dense_dim.default: dense_dim,
         **dict.fromkeys(_NO_BACKEND, no_such_backend),
         **dict.fromkeys(_CLAMP, clamp_checked),
+        aten.block_diag.default: block_diag_checked,
+        **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }
