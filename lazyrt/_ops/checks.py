@@ -87,8 +87,7 @@ def range_factory_out(e, args, kwargs):
     non-contiguous ``out`` included); any other is resized to 1-D (``arange`` warns). The
     Python refs' ``out_wrapper`` would resize every ``out`` that is not 1-D."""
     out = kwargs["out"]
-    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-        raise RuntimeError(_OVERLAP)
+    _no_internal_overlap(out)
     op, head = _RANGE_OUT[e.op]
     res = op(*head, *args, dtype=out.dtype, device=out.device)
     n = res.numel()
@@ -102,6 +101,19 @@ def range_factory_out(e, args, kwargs):
         restride(out, (n,), (1,))
     torch.ops.aten.copy_.default(out, res.reshape(out.shape))
     return out
+
+
+def _no_internal_overlap(t) -> None:
+    """ATen's ``assert_no_internal_overlap`` for a written-to tensor: an expanded dimension
+    (stride 0, size > 1) writes one element twice."""
+    if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        raise RuntimeError(_OVERLAP)
+
+
+def cat_out_checked(e, args, kwargs):
+    """``cat(..., out=t)`` with an expanded ``t``: ATen's internal-overlap error."""
+    _no_internal_overlap(kwargs["out"])
+    return via_functional(e, args, kwargs)
 
 
 _RANGE_OUT = {
@@ -129,5 +141,6 @@ def special_handlers() -> dict:
         **dict.fromkeys(_NO_BACKEND, no_such_backend),
         **dict.fromkeys(_CLAMP, clamp_checked),
         aten.block_diag.default: block_diag_checked,
+        aten.cat.out: cat_out_checked,
         **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }
