@@ -2,6 +2,7 @@
 not (``special``'s part for conformance: PyTorch's device-generic tests, docs/conformance.md)."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -89,7 +90,10 @@ def range_factory_out(e, args, kwargs):
     out = kwargs["out"]
     _no_internal_overlap(out)
     op, head = _RANGE_OUT[e.op]
-    res = op(*head, *args, dtype=out.dtype, device=out.device)
+    if op is None:
+        res = _range(*args).to(out.dtype)
+    else:
+        res = op(*head, *args, dtype=out.dtype, device=out.device)
     n = res.numel()
     if out.numel() != n:
         if e.op in (aten.arange.out, aten.arange.start_out) and out.numel() > 0:
@@ -116,10 +120,23 @@ def cat_out_checked(e, args, kwargs):
     return via_functional(e, args, kwargs)
 
 
+def _range(start, end, step=1):
+    """``torch.range``'s values, as ATen computes them: ``start + i * step`` in double for
+    ``i`` up to ``floor((end - start) / step)``, with its checks (``aten.range`` itself
+    calls ``range.out``)."""
+    start, end, step = float(start), float(end), float(step)
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    n = int(math.floor((end - start) / step)) + 1
+    return aten.arange.start_step(0, n, 1, dtype=torch.float64, device="tpu") * step + start
+
+
 _RANGE_OUT = {
     aten.arange.out: (aten.arange.start_step, (0,)),
     aten.arange.start_out: (aten.arange.start_step, ()),
-    aten.range.out: (aten.range.default, ()),
+    aten.range.out: (None, ()),
     aten.linspace.out: (aten.linspace.default, ()),
     aten.logspace.out: (aten.logspace.default, ()),
 }
