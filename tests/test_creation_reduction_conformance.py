@@ -119,3 +119,22 @@ def test_cat_out_into_slice(mode):
 
     cpu, tpu = _both(run)
     assert_close(tpu, cpu, rtol=0, atol=0)
+
+
+# ---- all/any with out=: Bool or Byte results only -------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.uint8], ids=str)
+def test_all_any_out_dtype(mode, dtype):
+    c = (torch.rand(3, 4) > 0.5).to(dtype)
+    t = to_tpu(c)
+    for fn in (torch.all, torch.any):
+        if dtype in (torch.bool, torch.uint8):
+            oc, ot = torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype, device="tpu")
+            fn(c, 1, out=oc)
+            fn(t, 1, out=ot)
+            assert_close(ot, oc, rtol=0, atol=0)
+        else:
+            name = fn.__name__
+            with pytest.raises(RuntimeError, match=f"^{name} only supports bool tensor for result, got: "):
+                fn(t, 1, out=torch.empty_like(t))

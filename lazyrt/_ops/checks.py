@@ -133,6 +133,18 @@ def _range(start, end, step=1):
     return aten.arange.start_step(0, n, 1, dtype=torch.float64, device="tpu") * step + start
 
 
+def all_any_out_checked(e, args, kwargs):
+    """``all``/``any`` with ``out=``: ATen takes only a Bool (or Byte) result."""
+    out = kwargs["out"]
+    if out.dtype not in (torch.bool, torch.uint8):
+        name = e.op._schema.name.split("::")[-1]
+        raise RuntimeError(f"{name} only supports bool tensor for result, got: "
+                           f"{_scalar_type_name(out.dtype)}")
+    return via_functional(e, args, kwargs)
+
+
+_ALL_ANY_OUT = [getattr(getattr(aten, n), ov) for n in ("all", "any")
+                for ov in ("out", "dims_out", "all_out") if hasattr(getattr(aten, n), ov)]
 _RANGE_OUT = {
     aten.arange.out: (aten.arange.start_step, (0,)),
     aten.arange.start_out: (aten.arange.start_step, ()),
@@ -159,5 +171,6 @@ def special_handlers() -> dict:
         **dict.fromkeys(_CLAMP, clamp_checked),
         aten.block_diag.default: block_diag_checked,
         aten.cat.out: cat_out_checked,
+        **dict.fromkeys(_ALL_ANY_OUT, all_any_out_checked),
         **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }
