@@ -138,3 +138,21 @@ def test_all_any_out_dtype(mode, dtype):
             name = fn.__name__
             with pytest.raises(RuntimeError, match=f"^{name} only supports bool tensor for result, got: "):
                 fn(t, 1, out=torch.empty_like(t))
+
+
+# ---- arange: ATen's bound checks, in ATen's order -------------------------------------------
+
+
+@pytest.mark.parametrize("args", [(-5, float("nan")), (0, float("-inf"), -1), (float("inf"),),
+                                  (1.175494351e-38, 3.402823466e38), (5, 0), (0, 5, 0)], ids=str)
+def test_arange_bound_errors(mode, args):
+    with pytest.raises(RuntimeError) as cpu:
+        torch.arange(*args)
+    with pytest.raises(RuntimeError) as tpu:
+        torch.arange(*args, device="tpu")
+    assert str(tpu.value) == str(cpu.value)
+
+
+def test_arange_values(mode):
+    for args in [(5,), (1, 10, 0.3), (0.6, 0.89, 0.1), (10, -1, -1), (-4.0, 4.0, 0.01), (True,)]:
+        assert_close(torch.arange(*args, device="tpu"), torch.arange(*args))

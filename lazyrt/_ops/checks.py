@@ -143,6 +143,23 @@ def all_any_out_checked(e, args, kwargs):
     return via_functional(e, args, kwargs)
 
 
+def arange_checked(e, args, kwargs):
+    """``arange``: ATen's ``arange_check_bounds``, in its order (the meta kernel checks the
+    step's sign first, with other words)."""
+    vals = [float(v.real if isinstance(v, complex) else v) for v in args[:3]]
+    start, end, step = ([0.0] + vals + [1.0])[:3] if len(vals) == 1 else (vals + [1.0])[:3]
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start:g} -> {end:g}")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+    if (end - start) / step > 2.0 ** 63 - 1:
+        raise RuntimeError("invalid size, possible overflow?")
+    return functional(e, args, kwargs)
+
+
+_ARANGE = [aten.arange.default, aten.arange.start, aten.arange.start_step]
 _ALL_ANY_OUT = [getattr(getattr(aten, n), ov) for n in ("all", "any")
                 for ov in ("out", "dims_out", "all_out") if hasattr(getattr(aten, n), ov)]
 _RANGE_OUT = {
@@ -171,6 +188,7 @@ def special_handlers() -> dict:
         **dict.fromkeys(_CLAMP, clamp_checked),
         aten.block_diag.default: block_diag_checked,
         aten.cat.out: cat_out_checked,
+        **dict.fromkeys(_ARANGE, arange_checked),
         **dict.fromkeys(_ALL_ANY_OUT, all_any_out_checked),
         **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }
