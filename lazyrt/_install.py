@@ -105,6 +105,9 @@ def install() -> None:
         except RuntimeError:
             pass
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    # torch.tensor([t0, t1, ...]) of 0-d tpu tensors reads each with ``item()`` with the
+    # Python key excluded: the read reaches the backend's _local_scalar_dense.
+    lib.impl("_local_scalar_dense", _factory_kernel(aten._local_scalar_dense.default), "PrivateUse1")
     lib.impl("_pin_memory", _pin_memory_cpu, "CPU")
     lib.impl("scaled_dot_product_attention", _pallas.sdpa_autograd_kernel, "AutogradPrivateUse1")
     _LIBS.append(lib)

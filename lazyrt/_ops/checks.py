@@ -2,9 +2,12 @@
 not (``special``'s part for conformance: PyTorch's device-generic tests, docs/conformance.md)."""
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 
-from .handlers import functional, mutating, via_functional
+from .handlers import functional, mutating, restride, via_functional
 
 aten = torch.ops.aten
 
@@ -57,6 +60,115 @@ def clamp_checked(e, args, kwargs):
     return (mutating if e.mut else functional)(e, args, kwargs)
 
 
+def block_diag_checked(e, args, kwargs):
+    """``block_diag``: ATen's checks and messages (the Python ref used as its decomposition
+    words them differently), then the op."""
+    tensors = args[0] if args else kwargs["tensors"]
+    device = tensors[0].device if tensors else None
+    for i, t in enumerate(tensors):
+        if t.dim() > 2:
+            raise RuntimeError(f"torch.block_diag: Input tensors must have 2 or fewer dimensions. "
+                               f"Input {i} has {t.dim()} dimensions")
+        if t.device != device:
+            raise RuntimeError(f"torch.block_diag: input tensors must all be on the same device. "
+                               f"Input 0 is on device {device} and input {i} is on device {t.device}")
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.block_diag.default](*args, **kwargs)
+
+
+_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def range_factory_out(e, args, kwargs):
+    """``arange``/``range``/``linspace``/``logspace`` with ``out=``, as ATen's range
+    factories: computed in ``out``'s dtype; an ``out`` with as many elements as the result
+    keeps its shape and strides and takes the values in its logical order (a
+    non-contiguous ``out`` included); any other is resized to 1-D (``arange`` warns). The
+    Python refs' ``out_wrapper`` would resize every ``out`` that is not 1-D."""
+    out = kwargs["out"]
+    _no_internal_overlap(out)
+    op, head = _RANGE_OUT[e.op]
+    if op is None:
+        res = _range(*args).to(out.dtype)
+    else:
+        res = op(*head, *args, dtype=out.dtype, device=out.device)
+    n = res.numel()
+    if out.numel() != n:
+        if e.op in (aten.arange.out, aten.arange.start_out) and out.numel() > 0:
+            warnings.warn(
+                f"The number of elements in the out tensor of shape {list(out.shape)} is "
+                f"{out.numel()} which does not match the computed number of elements {n}. Note "
+                f"that this may occur as a result of rounding error. The out tensor will be "
+                f"resized to a tensor of shape ({n},).", UserWarning, stacklevel=2)
+        restride(out, (n,), (1,))
+    torch.ops.aten.copy_.default(out, res.reshape(out.shape))
+    return out
+
+
+def _no_internal_overlap(t) -> None:
+    """ATen's ``assert_no_internal_overlap`` for a written-to tensor: an expanded dimension
+    (stride 0, size > 1) writes one element twice."""
+    if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        raise RuntimeError(_OVERLAP)
+
+
+def cat_out_checked(e, args, kwargs):
+    """``cat(..., out=t)`` with an expanded ``t``: ATen's internal-overlap error."""
+    _no_internal_overlap(kwargs["out"])
+    return via_functional(e, args, kwargs)
+
+
+def _range(start, end, step=1):
+    """``torch.range``'s values, as ATen computes them: ``start + i * step`` in double for
+    ``i`` up to ``floor((end - start) / step)``, with its checks (``aten.range`` itself
+    calls ``range.out``)."""
+    start, end, step = float(start), float(end), float(step)
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    n = int(math.floor((end - start) / step)) + 1
+    return aten.arange.start_step(0, n, 1, dtype=torch.float64, device="tpu") * step + start
+
+
+def all_any_out_checked(e, args, kwargs):
+    """``all``/``any`` with ``out=``: ATen takes only a Bool (or Byte) result."""
+    out = kwargs["out"]
+    if out.dtype not in (torch.bool, torch.uint8):
+        name = e.op._schema.name.split("::")[-1]
+        raise RuntimeError(f"{name} only supports bool tensor for result, got: "
+                           f"{_scalar_type_name(out.dtype)}")
+    return via_functional(e, args, kwargs)
+
+
+def arange_checked(e, args, kwargs):
+    """``arange``: ATen's ``arange_check_bounds``, in its order (the meta kernel checks the
+    step's sign first, with other words)."""
+    vals = [float(v.real if isinstance(v, complex) else v) for v in args[:3]]
+    start, end, step = ([0.0] + vals + [1.0])[:3] if len(vals) == 1 else (vals + [1.0])[:3]
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start:g} -> {end:g}")
+    if not ((step > 0 and end >= start) or (step < 0 and end <= start)):
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+    if (end - start) / step > 2.0 ** 63 - 1:
+        raise RuntimeError("invalid size, possible overflow?")
+    return functional(e, args, kwargs)
+
+
+_ARANGE = [aten.arange.default, aten.arange.start, aten.arange.start_step]
+_ALL_ANY_OUT = [getattr(getattr(aten, n), ov) for n in ("all", "any")
+                for ov in ("out", "dims_out", "all_out") if hasattr(getattr(aten, n), ov)]
+_RANGE_OUT = {
+    aten.arange.out: (aten.arange.start_step, (0,)),
+    aten.arange.start_out: (aten.arange.start_step, ()),
+    aten.range.out: (None, ()),
+    aten.linspace.out: (aten.linspace.default, ()),
+    aten.logspace.out: (aten.logspace.default, ()),
+}
 _NO_BACKEND = [aten.quantize_per_tensor.default, aten.quantize_per_tensor.tensor_qparams,
                aten.quantize_per_tensor.tensors, aten.quantize_per_channel.default,
                aten.quantize_per_tensor_dynamic.default, aten._to_sparse.default,
@@ -74,4 +186,9 @@ def special_handlers() -> dict:
         aten.dense_dim.default: dense_dim,
         **dict.fromkeys(_NO_BACKEND, no_such_backend),
         **dict.fromkeys(_CLAMP, clamp_checked),
+        aten.block_diag.default: block_diag_checked,
+        aten.cat.out: cat_out_checked,
+        **dict.fromkeys(_ARANGE, arange_checked),
+        **dict.fromkeys(_ALL_ANY_OUT, all_any_out_checked),
+        **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }
