@@ -5,13 +5,9 @@ from __future__ import annotations
 import torch
 
 from .handlers import functional, mutating, via_functional
+from .handlers import scalar_type_name as _scalar_type_name
 
 aten = torch.ops.aten
-
-
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ name of a dtype in its messages: ``Float``, ``Long``, ``ComplexDouble``."""
-    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
 
 
 def nonzero_out(e, args, kwargs):
