@@ -20,7 +20,9 @@ def _both(fn, *args, **kwargs):
               for k, v in kwargs.items()}
         try:
             r = fn(*a, **kw)
-            out.append(r.cpu() if dev == "tpu" else r)
+            if dev == "tpu":
+                r = tuple(x.cpu() for x in r) if isinstance(r, tuple) else r.cpu()
+            out.append(r)
         except RuntimeError as ex:
             out.append((type(ex), str(ex)))
     return out
@@ -83,3 +85,22 @@ def test_complex_exp_special_values(mode, dtype):
     assert_close(tpu.imag, cpu.imag, rtol=1e-5, atol=0)
     # a zero imaginary part stays exactly zero, with its sign
     assert torch.equal(torch.signbit(tpu.imag[:2]), torch.tensor([False, True]))
+
+
+# ---- frexp(out=): PyTorch's dtype checks of mantissa and exponent -----------------------------
+
+
+@pytest.mark.parametrize("mant,expo", [(torch.float64, torch.int32), (torch.float32, torch.int64),
+                                       (torch.float32, torch.int32)])
+def test_frexp_out_checks(mode, mant, expo):
+    x = torch.tensor([3.0, 0.5, -8.0, 0.0])
+
+    def f(t, m, e):
+        return torch.frexp(t, out=(m, e))
+
+    cpu, tpu = _both(f, x, torch.empty(0, dtype=mant), torch.empty(0, dtype=expo))
+    if isinstance(cpu[0], type):
+        assert tpu == cpu
+    else:
+        assert_close(tpu[0], cpu[0], rtol=0, atol=0)
+        assert torch.equal(tpu[1], cpu[1])
