@@ -54,6 +54,14 @@ def test_out_dtype_refused_as_cpu(mode, fn, x, out_dtype):
     assert isinstance(cpu, tuple) and tpu == cpu
 
 
+def test_abs_inplace_complex_refused(mode):
+    cpu, tpu = _both(torch.Tensor.abs_, torch.tensor([3 + 4j]))
+    assert isinstance(cpu, tuple) and tpu == cpu
+    x = torch.tensor([-1.5, 2.0, -0.0])
+    r = to_tpu(x).abs_()
+    assert_close(r, x.abs(), rtol=0, atol=0)
+
+
 # ---- igamma / igammac edge values (ATen's calc_igamma) ---------------------------------------
 
 

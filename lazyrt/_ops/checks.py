@@ -48,6 +48,13 @@ def frexp_out(e, args, kwargs):
     return mutating(e, args, kwargs)
 
 
+def abs_inplace(e, args, kwargs):
+    """``abs_`` of a complex tensor: PyTorch's error (the meta kernel's is about out dtypes)."""
+    if args[0].dtype.is_complex:
+        raise RuntimeError("In-place abs is not supported for complex tensors.")
+    return mutating(e, args, kwargs)
+
+
 def sparse_dim(e, args, kwargs):
     """A tpu tensor is strided: no sparse dims (PyTorch's ``sparse_dim_default``)."""
     return 0
@@ -92,6 +99,7 @@ def special_handlers() -> dict:
     return {
         aten.nonzero.out: nonzero_out,
         aten.frexp.Tensor_out: frexp_out,
+        aten.abs_.default: abs_inplace,
         aten.sparse_dim.default: sparse_dim,
         aten.dense_dim.default: dense_dim,
         **dict.fromkeys(_NO_BACKEND, no_such_backend),
