@@ -8,13 +8,9 @@ import warnings
 import torch
 
 from .handlers import functional, mutating, restride, via_functional
+from .handlers import scalar_type_name as _scalar_type_name
 
 aten = torch.ops.aten
-
-
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ name of a dtype in its messages: ``Float``, ``Long``, ``ComplexDouble``."""
-    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
 
 
 def nonzero_out(e, args, kwargs):
@@ -28,6 +24,38 @@ def nonzero_out(e, args, kwargs):
         raise RuntimeError(f"nonzero: Expected out tensor to have scalar type Long but got scalar "
                            f"type{_scalar_type_name(out.dtype)}")
     return via_functional(e, args, kwargs)
+
+
+# caffe2's TypeMeta names, as PyTorch's C++ checks print a dtype
+_CXX_NAME = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+             torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int",
+             torch.int16: "short int", torch.int8: "signed char", torch.uint8: "unsigned char",
+             torch.bool: "bool", torch.complex64: "c10::complex<float>",
+             torch.complex128: "c10::complex<double>"}
+
+
+def frexp_out(e, args, kwargs):
+    """``frexp(x, out=(mantissa, exponent))``: PyTorch's checks (mantissa of x's dtype,
+    exponent int32; the meta kernel resizes or casts instead), then the op."""
+    x = args[0]
+    mant = kwargs.get("mantissa", args[1] if len(args) > 1 else None)
+    expo = kwargs.get("exponent", args[2] if len(args) > 2 else None)
+    if x.dtype.is_floating_point:
+        if mant.dtype != x.dtype:
+            raise RuntimeError(f"torch.frexp() expects mantissa to have dtype "
+                               f"{_CXX_NAME.get(x.dtype, x.dtype)} but got "
+                               f"{_CXX_NAME.get(mant.dtype, mant.dtype)}")
+        if expo.dtype != torch.int32:
+            raise RuntimeError(f"torch.frexp() expects exponent to have int dtype but got "
+                               f"{_CXX_NAME.get(expo.dtype, expo.dtype)}")
+    return mutating(e, args, kwargs)
+
+
+def abs_inplace(e, args, kwargs):
+    """``abs_`` of a complex tensor: PyTorch's error (the meta kernel's is about out dtypes)."""
+    if args[0].dtype.is_complex:
+        raise RuntimeError("In-place abs is not supported for complex tensors.")
+    return mutating(e, args, kwargs)
 
 
 def sparse_dim(e, args, kwargs):
@@ -182,6 +210,8 @@ def special_handlers() -> dict:
     """op -> handler, merged into ``special.SPECIAL``."""
     return {
         aten.nonzero.out: nonzero_out,
+        aten.frexp.Tensor_out: frexp_out,
+        aten.abs_.default: abs_inplace,
         aten.sparse_dim.default: sparse_dim,
         aten.dense_dim.default: dense_dim,
         **dict.fromkeys(_NO_BACKEND, no_such_backend),

@@ -15,6 +15,7 @@ A handler is ``handler(entry, args, kwargs) -> result``:
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import jax
@@ -65,7 +66,12 @@ def functional(e, args, kwargs):
 
 
 def mutating(e, args, kwargs):
-    plan, vals, scal = plan_for(e, args, kwargs)
+    try:
+        plan, vals, scal = plan_for(e, args, kwargs)
+    except RuntimeError as ex:
+        if not e.out_names:
+            raise
+        return out_dtype_as_cpu(e, args, kwargs, ex)
     outs = run(plan.prog, vals, scal)
     layout = plan.layout
     if plan.resize is not None:
@@ -323,3 +329,31 @@ def missing(e, args, kwargs):
         f"lazyrt: the ATen op '{e.name}' has no lowering for the tpu device and no "
         f"decomposition. Set LAZYRT_CPU_FALLBACK=1 (or lazyrt.set_cpu_fallback(True)) to run it "
         f"on the CPU instead.")
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ name of a dtype in its messages: ``Float``, ``Long``, ``ComplexDouble``."""
+    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
+
+
+_OUT_DTYPE = (re.compile(r"Expected out tensor to have dtype torch\.(\w+) but got torch\.(\w+) instead"),
+              re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), "))
+_BOOL_OUT_ONLY = {"aten::isposinf", "aten::isneginf"}
+
+
+def out_dtype_as_cpu(e, args, kwargs, ex: RuntimeError):
+    """An out= op whose meta kernel (a Python ref) rejected the out tensor's dtype: PyTorch's
+    CPU kernel takes any out dtype the result can be cast to (``abs(complex, out=complex)``)
+    and words its refusals otherwise. CPU's rule and message, then the op, cast into ``out``.
+    Any other error is re-raised."""
+    m = next((r.search(str(ex)) for r in _OUT_DTYPE if r.search(str(ex))), None)
+    if m is None or e.functional is None:
+        raise ex
+    name = e.op._schema.name
+    res, out = getattr(torch, m.group(1)), getattr(torch, m.group(2))
+    if name in _BOOL_OUT_ONLY:
+        raise RuntimeError(f"{name[len('aten::'):]} does not support non-boolean outputs.") from None
+    if not torch.can_cast(res, out):
+        raise RuntimeError(f"result type {scalar_type_name(res)} can't be cast to the desired "
+                           f"output type {scalar_type_name(out)}") from None
+    return via_functional(e, args, kwargs)

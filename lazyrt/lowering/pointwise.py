@@ -369,8 +369,23 @@ def digamma(x):
     return jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), jss.digamma(x))
 
 
+def exp(x):
+    """exp with C99's ``cexp`` special values for complex x (those of PyTorch off CPU and of
+    NumPy; jax gives nan+nanj): a zero imaginary part stays exact (``exp(inf+0j) = inf+0j``);
+    ``+inf`` real with a non-finite imaginary part is ``inf+nanj``, ``-inf`` real is ``0+0j``."""
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.exp(x)
+    re, im = jnp.real(x), jnp.imag(x)
+    out = jnp.exp(x)
+    inf_re = jnp.isinf(re) & ~jnp.isfinite(im)
+    fix_re = jnp.where(re > 0, jnp.inf, 0.0).astype(re.dtype)
+    fix_im = jnp.where(re > 0, jnp.nan, 0.0).astype(re.dtype)
+    out = jnp.where(inf_re, lax.complex(fix_re, fix_im), out)
+    return jnp.where((im == 0) & ~jnp.isnan(re), lax.complex(jnp.exp(re), im), out)
+
+
 _FLOAT_UNARY = {
-    "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
+    "exp": exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
@@ -499,14 +514,29 @@ def frexp(self):
     return jnp.where(finite, m, self), jnp.where(finite, e, 0).astype(jnp.int32)
 
 
+def _igamma_edges(a, x, value, upper: bool):
+    """ATen's ``calc_igamma``/``calc_igammac`` edge cases (jax gives nan at a = 0 and at an
+    infinite a or x): a negative argument is nan; a = 0 is the step at x > 0; x = 0 is the
+    start; an infinite a (finite x) is 0 (upper: 1); an infinite x is 1 (upper: 0)."""
+    lo, hi = (1.0, 0.0) if upper else (0.0, 1.0)
+    nan = jnp.nan
+    out = jnp.where(jnp.isinf(x), hi, value)
+    out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, lo), out)
+    out = jnp.where(x == 0, lo, out)
+    out = jnp.where(a == 0, jnp.where(x > 0, hi, nan), out)
+    return jnp.where((a < 0) | (x < 0), nan, out).astype(value.dtype)
+
+
 @lower(aten.igamma.default)
 def igamma(self, other):
-    return jss.gammainc(_float_of(self), _float_of(other))
+    a, x = jnp.broadcast_arrays(_float_of(self), _float_of(other))
+    return _igamma_edges(a, x, jss.gammainc(a, x), upper=False)
 
 
 @lower(aten.igammac.default)
 def igammac(self, other):
-    return jss.gammaincc(_float_of(self), _float_of(other))
+    a, x = jnp.broadcast_arrays(_float_of(self), _float_of(other))
+    return _igamma_edges(a, x, jss.gammaincc(a, x), upper=True)
 
 
 # ---- activations ---------------------------------------------------------------------------
