@@ -342,3 +342,30 @@ def test_a_warm_process_finds_every_program_by_signature(tmp_path):
         (v0, n0, h0), (v1, n1, h1) = [r.stdout.split() for r in runs]
         assert v0 == v1 and n0 == n1 and h0 == "0"
         assert int(h1) == int(n1) > 0, (mode, runs[1].stdout)
+
+
+def test_a_signature_entry_written_from_a_loaded_program_runs(tmp_path, monkeypatch):
+    """A program found under its text key and stored under its signature: the signature
+    entry holds the bytes read, never the loaded executable written again (XLA:CPU writes
+    that without its kernels: "Function wrapped_add not found" in the next process)."""
+    import jax.numpy as jnp
+
+    from lazyrt._exec import diskcache, tiers
+    from lazyrt._exec import xla as _xla
+
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+
+    def add(a, b):
+        return (a + b,)
+
+    args = (jnp.ones((1, 4), jnp.float32), jnp.full((1, 4), 2.0, jnp.float32))
+    _xla.compile_program(add, args)  # stored under its text key only
+    assert tiers.drain(60)
+    hits = COUNTERS["disk_cache_hits"]
+    exe = _xla.compile_program(add, args, sig="add14")[0]  # a text hit, stored signed
+    assert COUNTERS["disk_cache_hits"] == hits + 1
+    assert diskcache.serialize(exe) is None  # a loaded executable is never written again
+    assert tiers.drain(60)
+    loaded = diskcache.load_signed(_xla.signed_name("add14", args, ()), args, ())
+    assert loaded is not None
+    assert (loaded(*args)[0] == 3).all()

@@ -41,6 +41,7 @@ import struct
 import threading
 import time
 import warnings
+import weakref
 
 import jax
 from jax.experimental import serialize_executable as _se
@@ -202,6 +203,7 @@ def load_signed(name: str, args, donate_argnums: tuple):
         exe_bytes, in_tree, out_tree = pickle.loads(payload)
         exe = se.deserialize_and_load(exe_bytes, in_tree, out_tree,
                                       execution_devices=jax.devices()[:1])
+        mark_loaded(exe)
         got = [(tuple(ai._aval.shape), str(ai._aval.dtype), bool(ai.donated))
                for ai in jax.tree_util.tree_leaves(exe.args_info)]
     except Exception:  # an entry this jaxlib cannot load is a miss
@@ -213,16 +215,33 @@ def load_signed(name: str, args, donate_argnums: tuple):
     return exe
 
 
+def signed_payload(exe_bytes: bytes | None, in_tree, out_tree) -> bytes | None:
+    """A signature entry's payload: an executable's bytes with its argument/result
+    structure."""
+    if exe_bytes is None:
+        return None
+    try:
+        return pickle.dumps((exe_bytes, in_tree, out_tree))
+    except (AttributeError, TypeError, pickle.PicklingError):
+        return None
+
+
+# Executables loaded from the cache: never serialized again (``serialize``).
+_loaded: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_loaded(exe) -> None:
+    with contextlib.suppress(TypeError):
+        _loaded.add(exe)
+
+
 def serialize_signed(exe) -> bytes | None:
     """``exe``'s payload for a signature entry (its argument/result structure with it), or
     None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs."""
     exe_bytes = serialize(exe)
     if exe_bytes is None:
         return None
-    try:
-        return pickle.dumps((exe_bytes, exe.in_tree, exe.out_tree))
-    except (AttributeError, TypeError, pickle.PicklingError):
-        return None
+    return signed_payload(exe_bytes, exe.in_tree, exe.out_tree)
 
 
 def devices_of(lowered):
@@ -243,7 +262,12 @@ def serialize(exe) -> bytes | None:
     ("UNIMPLEMENTED: `LessThan` is not serializable": every program with a sort, argsort,
     topk or kthvalue, written after it ran). A program compiled a second time in one
     process comes back from JAX as the executable it built the first time, which may have
-    run: then it is not stored."""
+    run: then it is not stored. Nor is an executable loaded from the cache: XLA:CPU
+    (jaxlib 0.10.2) writes one without its kernels, and the process that loads that fails
+    at its first call ("NOT_FOUND: Function wrapped_add not found")."""
+    if exe in _loaded:
+        COUNTERS["disk_cache_unstorable"] += 1
+        return None
     try:
         return _se.serialize(exe)[0]
     except (ValueError, NotImplementedError):
