@@ -181,6 +181,34 @@ def signature_key(sig: str, args, donate_argnums: tuple, options: dict) -> str |
     return "s" + h.hexdigest()
 
 
+def _plan_name(sig: str) -> str | None:
+    if directory() is None:
+        return None
+    h = hashlib.sha256()
+    for part in ("plan-1", sig, switches(), source_key()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "p" + h.hexdigest()
+
+
+def plan_checked(sig: str) -> bool | None:
+    """Whether the plan of signature ``sig`` makes a constant, if an earlier process with
+    this lazyrt checked it (traced its lowering abstractly without an error), else None."""
+    name = _plan_name(sig)
+    payload = None if name is None else get(name)
+    if payload not in (b"0", b"1"):
+        return None
+    COUNTERS["disk_cache_plan_hits"] += 1
+    return payload == b"1"
+
+
+def note_plan(sig: str, const: bool) -> None:
+    """Record that the plan of signature ``sig`` was checked (``plan_checked``)."""
+    name = _plan_name(sig)
+    if name is not None:
+        put(name, b"1" if const else b"0", count=False)
+
+
 def _expected_avals(args, donate_argnums: tuple) -> list:
     """(shape, dtype, donated) per flat argument, as an executable for ``args`` takes them."""
     out = []
@@ -306,8 +334,9 @@ def get(name: str) -> bytes | None:
     return payload
 
 
-def put(name: str, payload: bytes) -> bool:
-    """Store ``payload`` under ``name`` (atomically; an existing entry is kept)."""
+def put(name: str, payload: bytes, count: bool = True) -> bool:
+    """Store ``payload`` under ``name`` (atomically; an existing entry is kept); ``count``:
+    in ``disk_cache_writes`` (executables are, plans' verdicts are not)."""
     d = directory()
     if d is None:
         return False
@@ -325,7 +354,8 @@ def put(name: str, payload: bytes) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
-    COUNTERS["disk_cache_writes"] += 1
+    if count:
+        COUNTERS["disk_cache_writes"] += 1
     with _lock:
         _written["bytes"] += len(payload)
         due = _written["bytes"] >= max_bytes() // 16
