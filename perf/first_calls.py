@@ -343,7 +343,8 @@ def main(argv=None) -> int:
                         env["XDG_CACHE_HOME"] = tmp
                     else:
                         env["LAZYRT_CACHE_DIR"] = tmp
-                    kinds = ("cold",) if label in a.cold_only.split(",") else ("cold", "warm")
+                    cold_only = [x for x in a.cold_only.split(",") if x]
+                    kinds = ("cold",) if label in cold_only else ("cold", "warm")
                     for kind in kinds:
                         col = " ".join(x for x in (label, mode, kind) if x)
                         if col not in cols:

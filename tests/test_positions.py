@@ -332,49 +332,91 @@ def test_a_warm_process_finds_every_program_by_signature(tmp_path):
             "    x[i] = s[i] * 2 + x[i + 1]\n"
             "    lazyrt.sync()\n"
             "c = lazyrt.metrics.counters()\n"
-            "print(x.sum().item(), c['cache_misses'], c['disk_cache_signed_hits'])\n")
+            "print(x.sum().item(), c['cache_misses'], c['disk_cache_signed_hits'],\n"
+            "      c['disk_cache_plan_hits'])\n")
     env = dict(os.environ, JAX_PLATFORMS="cpu", LAZYRT_CACHE_DIR=str(tmp_path))
     for mode in ("strict", "defer"):
         runs = [subprocess.run([sys.executable, "-c", code, mode], capture_output=True,
                                text=True, timeout=300, env=env) for _ in range(2)]
         for r in runs:
             assert r.returncode == 0, r.stderr[-2000:]
-        (v0, n0, h0), (v1, n1, h1) = [r.stdout.split() for r in runs]
+        (v0, n0, h0, _), (v1, n1, h1, p1) = [r.stdout.split() for r in runs]
         assert v0 == v1 and n0 == n1 and h0 == "0"
         assert int(h1) == int(n1) > 0, (mode, runs[1].stdout)
+        assert int(p1) > 0, (mode, runs[1].stdout)  # its plans are not traced again
 
 
-def test_a_program_loaded_by_its_text_is_signed_from_its_stored_bytes(tmp_path, monkeypatch):
-    """A process that finds a program by its traced text (its signed entry missing: another
-    import order, an older process) signs it with the bytes it loaded: the next process
-    loads that signed entry and it runs (a loaded XLA:CPU executable serialized again loads,
-    then fails at its first run: "Function ... not found")."""
-    import os
-
+def test_a_signature_entry_written_from_a_loaded_program_runs(tmp_path, monkeypatch):
+    """A program found under its text key and stored under its signature: the signature
+    entry holds the bytes read, never the loaded executable written again (XLA:CPU writes
+    that without its kernels: "Function wrapped_add not found" in the next process)."""
     import jax.numpy as jnp
-    import numpy as np
 
     from lazyrt._exec import diskcache, tiers
     from lazyrt._exec import xla as _xla
 
     monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
-    x = jnp.arange(5.0, dtype=jnp.float32)
 
-    def shifted(v):
-        return (v * 3 + 1,)
+    def add(a, b):
+        return (a + b,)
 
-    _xla.compile_program(shifted, (x,), sig="shifted")
-    tiers.drain()
-    name = _xla.signed_name("shifted", (x,), ())
-    assert diskcache.get(name) is not None
-    os.unlink(os.path.join(diskcache.directory(), [f for f in os.listdir(diskcache.directory())
-                                                   if f.startswith(name)][0]))
+    args = (jnp.ones((1, 4), jnp.float32), jnp.full((1, 4), 2.0, jnp.float32))
+    _xla.compile_program(add, args)  # stored under its text key only
+    assert tiers.drain(60)
     hits = COUNTERS["disk_cache_hits"]
-    _xla.compile_program(shifted, (x,), sig="shifted")  # found by its text
-    tiers.drain()
+    exe = _xla.compile_program(add, args, sig="add14")[0]  # a text hit, stored signed
     assert COUNTERS["disk_cache_hits"] == hits + 1
-    signed = COUNTERS["disk_cache_signed_hits"]
-    exe = _xla.compile_program(lambda v: (_ for _ in ()).throw(AssertionError("traced")),
-                               (x,), sig="shifted")[0]
-    assert COUNTERS["disk_cache_signed_hits"] == signed + 1
-    np.testing.assert_array_equal(np.asarray(exe(x)[0]), np.arange(5.0) * 3 + 1)
+    assert diskcache.serialize(exe) is None  # a loaded executable is never written again
+    assert tiers.drain(60)
+    loaded = diskcache.load_signed(_xla.signed_name("add14", args, ()), args, ())
+    assert loaded is not None
+    assert (loaded(*args)[0] == 3).all()
+
+
+def test_a_plans_verdict_is_kept_under_its_signature_source_and_switches(tmp_path, monkeypatch):
+    """A plan checked once is not traced again by a process with the same lazyrt; another
+    signature, source or switch is unknown (traced and checked as before)."""
+    from lazyrt._exec import diskcache
+
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+    assert diskcache.plan_checked("P") is None
+    diskcache.note_plan("P", False)
+    diskcache.note_plan("C", True)
+    assert diskcache.plan_checked("P") is False and diskcache.plan_checked("C") is True
+    assert diskcache.plan_checked("Q") is None
+    monkeypatch.setattr(diskcache, "source_key", lambda: "another lazyrt")
+    assert diskcache.plan_checked("P") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(lazyrt.config, "pallas", "off" if lazyrt.config.pallas != "off" else "on")
+    assert diskcache.plan_checked("P") is None
+    monkeypatch.setattr(lazyrt.config, "cache_dir", "off")
+    assert diskcache.plan_checked("P") is None
+
+
+def test_a_checked_programs_signature_changes_with_each_component():
+    import types
+
+    from lazyrt._ops.bounds import _checked_sig
+
+    def step(sig, i=0, pos=None):
+        plan = types.SimpleNamespace(prog=types.SimpleNamespace(sig=sig))
+        return (plan, i) if pos is None else (plan, i, pos)
+
+    base = _checked_sig("B", ((0, (step("v", 0, (1,)),), 5, False, None),))
+    assert base == _checked_sig("B", ((0, (step("v", 0, (1,)),), 5, False, None),))
+    others = {
+        "plan": _checked_sig("C", ((0, (step("v", 0, (1,)),), 5, False, None),)),
+        "position": _checked_sig("B", ((1, (step("v", 0, (1,)),), 5, False, None),)),
+        "view step": _checked_sig("B", ((0, (step("w", 0, (1,)),), 5, False, None),)),
+        "view output": _checked_sig("B", ((0, (step("v", 1, (1,)),), 5, False, None),)),
+        "view position": _checked_sig("B", ((0, (step("v", 0, (2,)),), 5, False, None),)),
+        "no view": _checked_sig("B", ((0, None, 5, False, None),)),
+        "bound": _checked_sig("B", ((0, (step("v", 0, (1,)),), 6, False, None),)),
+        "negatives": _checked_sig("B", ((0, (step("v", 0, (1,)),), 5, True, None),)),
+        "ignored": _checked_sig("B", ((0, (step("v", 0, (1,)),), 5, False, -100),)),
+        "checks": _checked_sig("B", ((0, (step("v", 0, (1,)),), 5, False, None),) * 2),
+    }
+    assert len({base, *others.values()}) == len(others) + 1, others
+    assert _checked_sig(None, ((0, None, 5, False, None),)) is None
+    assert _checked_sig("B", ((0, (step(None),), 5, False, None),)) is None

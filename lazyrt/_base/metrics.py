@@ -51,6 +51,7 @@ _ZERO = {
     # and signed entries refused because their arguments differ from the program's
     "disk_cache_signed_hits": 0,
     "disk_cache_mismatches": 0,
+    "disk_cache_plan_hits": 0,
     # tiered compiles (``_exec.tiers``): optimized executables swapped in, the seconds the
     # worker spent building them, builds that failed, were skipped at exit or not queued
     "tier_swaps": 0,

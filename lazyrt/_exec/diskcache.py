@@ -41,6 +41,7 @@ import struct
 import threading
 import time
 import warnings
+import weakref
 
 import jax
 from jax.experimental import serialize_executable as _se
@@ -180,6 +181,34 @@ def signature_key(sig: str, args, donate_argnums: tuple, options: dict) -> str |
     return "s" + h.hexdigest()
 
 
+def _plan_name(sig: str) -> str | None:
+    if directory() is None:
+        return None
+    h = hashlib.sha256()
+    for part in ("plan-1", sig, switches(), source_key()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "p" + h.hexdigest()
+
+
+def plan_checked(sig: str) -> bool | None:
+    """Whether the plan of signature ``sig`` makes a constant, if an earlier process with
+    this lazyrt checked it (traced its lowering abstractly without an error), else None."""
+    name = _plan_name(sig)
+    payload = None if name is None else get(name)
+    if payload not in (b"0", b"1"):
+        return None
+    COUNTERS["disk_cache_plan_hits"] += 1
+    return payload == b"1"
+
+
+def note_plan(sig: str, const: bool) -> None:
+    """Record that the plan of signature ``sig`` was checked (``plan_checked``)."""
+    name = _plan_name(sig)
+    if name is not None:
+        put(name, b"1" if const else b"0", count=False)
+
+
 def _expected_avals(args, donate_argnums: tuple) -> list:
     """(shape, dtype, donated) per flat argument, as an executable for ``args`` takes them."""
     out = []
@@ -202,6 +231,7 @@ def load_signed(name: str, args, donate_argnums: tuple):
         exe_bytes, in_tree, out_tree = pickle.loads(payload)
         exe = se.deserialize_and_load(exe_bytes, in_tree, out_tree,
                                       execution_devices=jax.devices()[:1])
+        mark_loaded(exe)
         got = [(tuple(ai._aval.shape), str(ai._aval.dtype), bool(ai.donated))
                for ai in jax.tree_util.tree_leaves(exe.args_info)]
     except Exception:  # an entry this jaxlib cannot load is a miss
@@ -213,19 +243,33 @@ def load_signed(name: str, args, donate_argnums: tuple):
     return exe
 
 
-def serialize_signed(exe, exe_bytes: bytes | None = None) -> bytes | None:
-    """``exe``'s payload for a signature entry (its argument/result structure with it), or
-    None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs.
-    ``exe_bytes``: ``exe``'s serialized form where it was loaded from one (never serialize
-    a loaded executable again: ``_exec.xla._store_signed``)."""
-    if exe_bytes is None:
-        exe_bytes = serialize(exe)
+def signed_payload(exe_bytes: bytes | None, in_tree, out_tree) -> bytes | None:
+    """A signature entry's payload: an executable's bytes with its argument/result
+    structure."""
     if exe_bytes is None:
         return None
     try:
-        return pickle.dumps((exe_bytes, exe.in_tree, exe.out_tree))
+        return pickle.dumps((exe_bytes, in_tree, out_tree))
     except (AttributeError, TypeError, pickle.PicklingError):
         return None
+
+
+# Executables loaded from the cache: never serialized again (``serialize``).
+_loaded: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_loaded(exe) -> None:
+    with contextlib.suppress(TypeError):
+        _loaded.add(exe)
+
+
+def serialize_signed(exe) -> bytes | None:
+    """``exe``'s payload for a signature entry (its argument/result structure with it), or
+    None where it cannot be stored; like ``serialize``, call it before ``exe`` first runs."""
+    exe_bytes = serialize(exe)
+    if exe_bytes is None:
+        return None
+    return signed_payload(exe_bytes, exe.in_tree, exe.out_tree)
 
 
 def devices_of(lowered):
@@ -246,7 +290,12 @@ def serialize(exe) -> bytes | None:
     ("UNIMPLEMENTED: `LessThan` is not serializable": every program with a sort, argsort,
     topk or kthvalue, written after it ran). A program compiled a second time in one
     process comes back from JAX as the executable it built the first time, which may have
-    run: then it is not stored."""
+    run: then it is not stored. Nor is an executable loaded from the cache: XLA:CPU
+    (jaxlib 0.10.2) writes one without its kernels, and the process that loads that fails
+    at its first call ("NOT_FOUND: Function wrapped_add not found")."""
+    if exe in _loaded:
+        COUNTERS["disk_cache_unstorable"] += 1
+        return None
     try:
         return _se.serialize(exe)[0]
     except (ValueError, NotImplementedError):
@@ -285,8 +334,9 @@ def get(name: str) -> bytes | None:
     return payload
 
 
-def put(name: str, payload: bytes) -> bool:
-    """Store ``payload`` under ``name`` (atomically; an existing entry is kept)."""
+def put(name: str, payload: bytes, count: bool = True) -> bool:
+    """Store ``payload`` under ``name`` (atomically; an existing entry is kept); ``count``:
+    in ``disk_cache_writes`` (executables are, plans' verdicts are not)."""
     d = directory()
     if d is None:
         return False
@@ -304,7 +354,8 @@ def put(name: str, payload: bytes) -> bool:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         return False
-    COUNTERS["disk_cache_writes"] += 1
+    if count:
+        COUNTERS["disk_cache_writes"] += 1
     with _lock:
         _written["bytes"] += len(payload)
         due = _written["bytes"] >= max_bytes() // 16

@@ -140,7 +140,7 @@ def compile(lowered, opts: dict | None = None, kind: str = "flush"):
 
 
 def _load(name: str | None, lowered):
-    """``(executable, its payload)`` stored under ``name`` in the persistent cache, or
+    """``(executable, payload)`` stored under ``name`` in the persistent cache, or
     ``(None, None)``."""
     if name is None:
         return None, None
@@ -153,6 +153,7 @@ def _load(name: str | None, lowered):
     except Exception:  # an entry this jaxlib cannot load is a miss
         COUNTERS["disk_cache_damaged"] += 1
         return None, None
+    _diskcache.mark_loaded(exe)
     COUNTERS["disk_cache_hits"] += 1
     return exe, payload
 
@@ -253,14 +254,13 @@ def _load_signed(sig, args, donate_argnums, kind: str):
     return name, exe
 
 
-def _store_signed(name: str | None, exe, now: bool = False, payload: bytes | None = None) -> None:
-    """``_store`` for a signature entry (serialized here, before ``exe`` first runs).
-    ``payload``: the bytes ``exe`` was loaded from; a loaded executable is never serialized
-    again (XLA:CPU, jaxlib 0.10.2: the second payload loads, then fails at its first run,
-    "NOT_FOUND: Function broadcast_add_fusion not found")."""
-    if name is None:
-        return
-    payload = _diskcache.serialize_signed(exe, payload)
+def _store_signed(name: str | None, exe, now: bool = False) -> None:
+    """``_store`` for a signature entry (serialized here, before ``exe`` first runs)."""
+    if name is not None:
+        _store_payload(name, _diskcache.serialize_signed(exe), now)
+
+
+def _store_payload(name: str, payload: bytes | None, now: bool = False) -> None:
     if payload is None:
         return
     if now:
@@ -312,7 +312,7 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
             _diskcache.key(lowered, text, opts)
         if signed is not None and _diskcache.key(lowered, "", {}) is None:
             signed = None  # host callbacks (or no device list): never stored, signed neither
-        exe, loaded = _load(name, lowered)
+        exe, payload = _load(name, lowered)
         if exe is None:
             if tiered and config.compile == "tiered" and _tiers.has_room():
                 name0 = None if name is None else name + "-tier0"
@@ -326,8 +326,12 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
                 exe = compile(lowered, opts)
                 _store(name, exe)
                 _store_signed(signed, exe)
-        else:
-            _store_signed(signed, exe, payload=loaded)
+        elif signed is not None:
+            # NOTE: the payload read, never ``exe`` serialized again: XLA:CPU (jaxlib 0.10.2)
+            # writes a loaded executable without its kernels ("Function wrapped_add not
+            # found" when the next process runs it)
+            _store_payload(signed, _diskcache.signed_payload(payload, lowered.in_tree,
+                                                             lowered.out_tree))
     seconds = time.perf_counter() - t0
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds

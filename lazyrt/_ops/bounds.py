@@ -21,6 +21,7 @@ one fused reduction over the index in the op's program.
 """
 from __future__ import annotations
 
+import hashlib
 import typing
 import weakref
 
@@ -325,8 +326,26 @@ def _checked_prog(plan, sig: tuple) -> Prog:
         avals = base.out_avals + (((len(sig), 2), jnp.dtype(jnp.int64)),)
         p = Prog(base.name, fn, base.scalar_kinds, avals, desc=base.desc + " [bounds]",
                  op=base.op)
+        p.sig = _checked_sig(base.sig, sig)
         progs[sig] = p
     return p
+
+
+def _checked_sig(base: str | None, sig: tuple) -> str | None:
+    """A checked program's ``Prog.sig``: its plan's, and each check's input position, the
+    index's view steps (their plans' signatures, positions included: the check bakes them
+    in), bound, sign rule and ignored value; None where a part has none."""
+    if base is None:
+        return None
+    parts = [base]
+    for k, ch, n, neg, ign in sig:
+        steps = []
+        for st in ch or ():
+            if st[0].prog.sig is None:
+                return None
+            steps.append((st[0].prog.sig, st[1], tuple(st[2]) if len(st) == 3 else None))
+        parts.append(repr((k, steps, n, neg, ign)))
+    return hashlib.sha256(("bounds|" + "|".join(parts)).encode()).hexdigest()[:32]
 
 
 def _position(vals: list, t: TpuTensor) -> int:

@@ -24,6 +24,7 @@ from .._base import rng as _rng
 from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import TpuTensor, contiguous_spec
+from .._exec import diskcache as _diskcache
 from .args import (
     GSLOT,
     RuntimeInt,
@@ -298,10 +299,17 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     plan.resize = resize
     plan.in_avals = tuple((tuple(v.shape), jnp.dtype(v.dtype)) for v in vals)
     desc = static_desc(tpl_args, tpl_kwargs)
-    jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
-    const = not random and not _reads_arrays(jaxpr, n_arr)
+    sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds, out_avals)
+    # NOTE: a plan this lazyrt checked in an earlier process (same signature, source and
+    # switches) is not traced again: the persistent cache keeps its verdict
+    const = None if sig is None else _diskcache.plan_checked(sig)
+    if const is None:
+        jaxpr = _check_abstractly(e, prog_fn, vals, scalar_kinds, desc)
+        const = not random and not _reads_arrays(jaxpr, n_arr)
+        if sig is not None:
+            _diskcache.note_plan(sig, const)
     plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op, const=const)
-    plan.prog.sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds, out_avals)
+    plan.prog.sig = sig
     return plan
 
 
