@@ -247,6 +247,42 @@ def test_a_plans_signature_changes_with_each_component():
     assert _sig(aten.mul.Tensor, x[1], a[0]) == _sig(aten.mul.Tensor, x[5], a[2])
 
 
+def test_a_replaced_function_is_never_found_under_the_lowerings_signature(tmp_path,
+                                                                            monkeypatch):
+    """An entry whose function is replaced (``invalidate_compiled``'s ``change``) runs that
+    function: its programs are not stored or found under the lowering's signature (GELU
+    lowered as ReLU in one test was later loaded by every GELU plan of the process:
+    silently wrong values), and once the lowering is back GELU is GELU again."""
+    import jax
+
+    from lazyrt._ops import control as _control
+    from lazyrt._ops import resolve as _resolve
+
+    monkeypatch.setattr(lazyrt.config, "cache_dir", str(tmp_path))
+    op = torch.ops.aten.gelu.default
+    entry = _resolve.resolve(op)
+    fn = entry.fn
+    x = torch.linspace(-3, 3, 13)
+    t = x.to("tpu")
+    base = _sig(op, t)
+
+    def swap(new):
+        _control.invalidate_compiled([op], change=lambda: setattr(entry, "fn", new))
+
+    swap(lambda self, approximate="none": jax.nn.relu(self))
+    try:
+        assert _sig(op, t) != base
+        torch.testing.assert_close(torch.nn.functional.gelu(t).cpu(), torch.relu(x))
+    finally:
+        swap(fn)
+    from lazyrt._exec import tiers
+
+    tiers.drain()
+    _control.invalidate_compiled([op])  # the next plan compiles or loads from disk
+    assert _sig(op, t) == base
+    torch.testing.assert_close(torch.nn.functional.gelu(t).cpu(), torch.nn.functional.gelu(x))
+
+
 def test_a_signature_key_changes_with_each_component(monkeypatch, tmp_path):
     import jax
     import jax.numpy as jnp

@@ -291,6 +291,23 @@ def _lazyrt_code(fn, depth: int = 0) -> bool:
     return True
 
 
+def _closure_text(fn, depth: int = 0) -> str:
+    """The plain values ``fn`` closes over (``_lazyrt_code`` allows only those and
+    functions): two closures of one factory differ by them."""
+    if depth > 3:
+        return ""
+    vals = []
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        vals.append(f"{v.__module__}.{v.__qualname__}{_closure_text(v, depth + 1)}"
+                    if hasattr(v, "__code__") else repr(v) if not callable(v) else
+                    f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', repr(v))}")
+    return f"[{','.join(vals)}]" if vals else ""
+
+
 def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str | None:
     """The program of a plan in lazyrt's own terms: the op and how it resolved (its
     lowering's name), the static arguments, the input and output avals, the runtime
@@ -300,11 +317,14 @@ def signature(e, tpl_args, tpl_kwargs, in_avals, scalar_kinds, out_avals) -> str
     a, kw = _sig_of(tpl_args), _sig_of(dict(tpl_kwargs))
     if a is None or kw is None:
         return None
-    low = e.resolution.lowering
-    fn = low.fn if low is not None else e.fn
-    if not _lazyrt_code(fn):
+    # NOTE: the function the plan runs (``e.fn``), not the registered lowering's: they
+    # differ once an entry's function is replaced (``_control.invalidate_compiled``), and
+    # a signature naming the lowering then named another program (a test's GELU-as-ReLU
+    # executable, stored under GELU's signature, was loaded by later GELU plans).
+    fn = e.fn
+    if fn is None or not _lazyrt_code(fn):
         return None
-    name = f"{fn.__module__}.{fn.__qualname__}"
+    name = f"{fn.__module__}.{fn.__qualname__}{_closure_text(fn)}"
     text = (f"{e.name}|{e.resolution.how}|{name}|{a}|{kw}|{in_avals}|{scalar_kinds}|"
             f"{out_avals}")
     return hashlib.sha256(text.encode()).hexdigest()[:32]
