@@ -409,11 +409,24 @@ def test_checked_linalg_ops_return_their_values(mode):
     assert_close(sol.cpu(), torch.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
 
 
+# NOTE: defined once per process and kept: a library destroyed and defined again in one
+# process (one per parametrized case) crashed torch 2.11's fake-tensor dispatch
+# (segmentation fault in FakeTensorMode._dispatch_impl at the second case).
+_TWICE_LIB = []
+
+
+def _twice_op():
+    if not _TWICE_LIB:
+        lib = torch.library.Library("lazyrt_compile_test", "DEF")
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+        lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+        _TWICE_LIB.append(lib)
+    return torch.ops.lazyrt_compile_test.twice
+
+
 def test_an_op_without_lowering_runs_the_graph_eagerly(mode):
-    lib = torch.library.Library("lazyrt_compile_test", "DEF")
-    lib.define("twice(Tensor x) -> Tensor")
-    lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
-    lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+    _twice_op()
     f = torch.compile(lambda x: torch.ops.lazyrt_compile_test.twice(x.sin()) + 1)
     before = _c()["compiled_eager_calls"]
     x = torch.randn(4)
