@@ -161,15 +161,8 @@ def _load(name: str | None, lowered):
 def _store(name: str | None, exe, now: bool = False) -> None:
     """Write ``exe`` to the persistent cache under ``name``: serialized here, before it
     first runs (``_diskcache.serialize``), written on the compile worker, or ``now``."""
-    if name is None:
-        return
-    payload = _diskcache.serialize(exe)
-    if payload is None:
-        return
-    if now:
-        _diskcache.put(name, payload)
-    else:
-        _tiers.submit(_tiers.WRITE, lambda: _diskcache.put(name, payload))
+    if name is not None:
+        _store_payload(name, _diskcache.serialize(exe), now)
 
 
 # A first-tier program is rebuilt optimized once it runs this many times: a program run

@@ -34,10 +34,10 @@ from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import TpuTensor
 from .._exec import asserts as _asserts
-from .._exec.values import concrete, new_tensor, run, write
+from .._exec.values import concrete, new_tensor, run
 from .._exec.views import apply_chain
 from .args import _ALLOW_CPU, arg
-from .handlers import functional, mutating, resize_output
+from .handlers import finish_mutating, functional, mutating
 from .hostvals import UNKNOWN as _UNKNOWN
 from .hostvals import host_values, note_constant, note_host_write, note_transfer  # noqa: F401
 from .hostvals import on_host_value as _on_host
@@ -387,26 +387,10 @@ def run_checked(e, args, kwargs, checks: list):
 def _finish(e, plan, outs, args, kwargs):
     """The op's results from its program's outputs (``handlers.functional`` and
     ``mutating``'s second half; the extra output at the end is ignored)."""
-    layout = plan.layout
     if not e.mut:
-        res, _ = layout.wrap_fresh(outs, new_tensor)
+        res, _ = plan.layout.wrap_fresh(outs, new_tensor)
         return res[0] if e.n_returns == 1 else tuple(res)
-    if plan.resize is not None:
-        for name, pos, (shape, stride, _, _) in plan.resize:
-            resize_output(arg(args, kwargs, name, pos), shape, stride)
-    fresh, i = layout.wrap_fresh(outs, new_tensor)
-    muts = layout.write_back(args, kwargs, outs, i, write)
-    if e.n_returns == 0:
-        return None
-    res = []
-    fi = 0
-    for alias in e.ret_alias:
-        if alias >= 0:
-            res.append(muts[alias])
-        else:
-            res.append(fresh[fi])
-            fi += 1
-    return res[0] if e.n_returns == 1 else tuple(res)
+    return finish_mutating(e, plan, outs, args, kwargs)
 
 
 def _handler(rule):

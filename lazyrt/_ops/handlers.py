@@ -72,7 +72,12 @@ def mutating(e, args, kwargs):
         if not e.out_names:
             raise
         return out_dtype_as_cpu(e, args, kwargs, ex)
-    outs = run(plan.prog, vals, scal)
+    return finish_mutating(e, plan, run(plan.prog, vals, scal), args, kwargs)
+
+
+def finish_mutating(e, plan, outs, args, kwargs):
+    """A mutating op's results from its program's outputs ``outs``: the out= tensors
+    resized, the mutated arguments written back, the returns in the schema's order."""
     layout = plan.layout
     if plan.resize is not None:
         for name, pos, (shape, stride, _, _) in plan.resize:
