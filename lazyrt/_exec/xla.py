@@ -289,12 +289,7 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
     upgrade = None
     signed, exe = _load_signed(sig, args, donate_argnums, kind)
     if exe is not None:
-        seconds = time.perf_counter() - t0
-        COUNTERS["cache_misses"] += 1
-        COUNTERS["compile_seconds"] += seconds
-        if tiered:
-            return exe, MemoryAnalysis.of(exe), seconds, None
-        return exe, MemoryAnalysis.of(exe), seconds
+        return _built(exe, t0, tiered, None)
     with jax.enable_x64(True), warnings.catch_warnings(), _profile.span(_profile.COMPILE):
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         jitted = jax.jit(fn, donate_argnums=donate_argnums)
@@ -325,6 +320,11 @@ def compile_program(fn, args: tuple, donate_argnums: tuple = (), lean: bool = Fa
             # found" when the next process runs it)
             _store_payload(signed, _diskcache.signed_payload(payload, lowered.in_tree,
                                                              lowered.out_tree))
+    return _built(exe, t0, tiered, upgrade)
+
+
+def _built(exe, t0: float, tiered: bool, upgrade):
+    """``compile_program``'s result, counted (a program not in memory: a cache miss)."""
     seconds = time.perf_counter() - t0
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds
