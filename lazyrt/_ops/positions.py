@@ -29,7 +29,7 @@ import torch
 from .._base import dtypes as _dtypes
 from .._base.tensor import TpuTensor
 from .._exec.views import POSITION_INVERSES, PosChain, extend
-from ..lowering.views import select_inverse, slice_at_inverse
+from ..lowering.views import select_inverse, slice_at_inverse, slice_bounds
 from .args import RuntimeInt, SliceEnd, arg
 from .plan import make_plan, remember
 
@@ -95,14 +95,7 @@ def _slice(e, base, dim, start, end, step):
         return None
     shape, stride, dtype, off = base._spec
     n = shape[d]
-    s = 0 if start is None else start
-    t = n if end is None else end
-    if s < 0:
-        s += n
-    if t < 0:
-        t += n
-    s = min(max(s, 0), n)
-    t = min(max(t, s), n)
+    s, t = slice_bounds(start, end, n)
     if s == 0:
         return None  # a slice from the start: static (the common ``x[:, :k]``)
     length = -(-(t - s) // step)

@@ -141,7 +141,15 @@ def slice_(self, dim=0, start=None, end=None, step=1):
     d = canon_dim(dim, self.ndim)
     if _traced(start):
         return slice_at(self, d, start, end.length, step)
-    n = self.shape[d]
+    s, e = slice_bounds(start, end, self.shape[d])
+    idx = [slice(None)] * self.ndim
+    idx[d] = slice(s, e, step)
+    return self[tuple(idx)]
+
+
+def slice_bounds(start, end, n: int) -> tuple[int, int]:
+    """ATen's slice bounds: ``start``/``end`` (None: the ends) made non-negative and
+    clamped into ``[0, n]``, ``end`` at least ``start``."""
     s = 0 if start is None else start
     e = n if end is None else end
     if s < 0:
@@ -149,10 +157,7 @@ def slice_(self, dim=0, start=None, end=None, step=1):
     if e < 0:
         e += n
     s = min(max(s, 0), n)
-    e = min(max(e, s), n)
-    idx = [slice(None)] * self.ndim
-    idx[d] = slice(s, e, step)
-    return self[tuple(idx)]
+    return s, min(max(e, s), n)
 
 
 def _traced(v) -> bool:
