@@ -12,14 +12,16 @@ first message line with numbers and dtypes blanked), with an example test per gr
 
     python -m perf.pytorch_suite --src /work/pytorch-src --files test_shape_ops.py test_view_ops.py
         [--modes strict,defer] [--timeout 120] [--wall 3600] [--out DIR] [-k EXPR]
-        [--reuse] [--report-only] [--json FILE]
+        [--sample K] [--reuse] [--report-only] [--json FILE]
 
 A test over ``--timeout`` seconds fails as a timeout (``SIGALRM`` in the test process); a
 process that hangs past that (inside a C call) or dies is killed and restarted without the
 tests it finished, so one test can never stop a run. ``--wall`` bounds a whole (file, mode)
 run; tests it leaves are reported as not run. Events are kept under ``--out`` (one
 JSON-lines file per file and mode); ``--reuse`` keeps finished runs there, ``--report-only``
-prints from them.
+prints from them. ``--sample K`` runs on tpu every K-th of the tests that pass on CPU (sorted
+by name, so the same K picks the same tests), for files whose tpu run would take hours; the
+report then counts those tests only, and its CPU seconds are theirs.
 """
 from __future__ import annotations
 
@@ -54,8 +56,10 @@ def _read_events(path: str) -> list[dict]:
     return out
 
 
-def _env(target: str, out: str, events: str, done: str, timeout: float) -> dict:
+def _env(target: str, out: str, events: str, done: str, timeout: float, select: str | None) -> dict:
     env = dict(os.environ)
+    if select:
+        env["PT_SUITE_SELECT"] = select
     env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(PT_SUITE_EVENTS=events, PT_SUITE_DONE=done, PT_SUITE_TIMEOUT=str(timeout))
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -70,7 +74,7 @@ def _env(target: str, out: str, events: str, done: str, timeout: float) -> dict:
 
 
 def run_target(path: str, target: str, out: str, *, timeout: float, wall: float, kexpr: str | None,
-               reuse: bool, log=print) -> dict:
+               reuse: bool, select: str | None = None, log=print) -> dict:
     """Runs one test file on one target; returns {"results": {id: report}, "secs": wall seconds}."""
     stem = os.path.splitext(os.path.basename(path))[0]
     events = os.path.join(out, f"{stem}.{target}.jsonl")
@@ -88,7 +92,7 @@ def run_target(path: str, target: str, out: str, *, timeout: float, wall: float,
     open(done, "w").close()
     t0 = time.time()
     killed: dict[str, str] = {}  # id -> why (a hang past the limit, a crash)
-    env = _env(target, out, events, done, timeout)
+    env = _env(target, out, events, done, timeout, select)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "perf.pytorch_suite._plugin",
            "-o", "addopts=", "--no-header", "-rN", path]
     if kexpr:
@@ -204,6 +208,15 @@ def compare(cpu: dict, tpu: dict) -> dict:
                        for (e, m), ids in ordered]}
 
 
+def compiles(tpu: dict) -> tuple[int, list]:
+    """Programs compiled in a tpu run: the total and the op families that compiled most."""
+    by_op: dict[str, int] = defaultdict(int)
+    for r in tpu.values():
+        for k, v in (r.get("compiles") or {}).items():
+            by_op[k] += v
+    return sum(by_op.values()), sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
+
+
 def report(rows: list[dict], out=print) -> None:
     out("| file | mode | CPU-passing, run on tpu | pass on tpu | fail | skipped on tpu | CPU s | tpu s |")
     out("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -212,6 +225,11 @@ def report(rows: list[dict], out=print) -> None:
         pct = 100.0 * c["passed"] / c["applicable"] if c["applicable"] else 100.0
         out(f"| {r['file']} | {r['mode']} | {c['applicable']} | {c['passed']} ({pct:.1f}%) | {c['failed']} | "
             f"{c['skipped_on_tpu']} | {r['cpu_secs']:.0f} | {r['tpu_secs']:.0f} |")
+    for r in rows:
+        if r.get("compiles"):
+            n, top = r["compiles"]
+            out(f"\n{r['file']}, {r['mode']}: {n} programs compiled; most by "
+                + ", ".join(f"{k} {v}" for k, v in top))
     for r in rows:
         c = r["cmp"]
         if not c["groups"]:
@@ -230,6 +248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wall", type=float, default=3600.0, help="seconds per (file, mode) run")
     ap.add_argument("--out", default="/tmp/pytorch_suite")
     ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k expression (a subset)")
+    ap.add_argument("--sample", type=int, default=1, help="run every K-th CPU-passing test on tpu")
     ap.add_argument("--reuse", action="store_true", help="keep finished runs found under --out")
     ap.add_argument("--report-only", action="store_true", help="print from the runs under --out")
     ap.add_argument("--json", default=None)
@@ -248,12 +267,20 @@ def main(argv=None) -> int:
         print(f"{name}: cpu ...", flush=True)
         cpu = run_target(path, "cpu", args.out, timeout=args.timeout, wall=args.wall, kexpr=args.kexpr,
                          reuse=reuse)
+        cpu_results, cpu_secs, select = cpu["results"], cpu["secs"], None
+        if args.sample > 1:
+            keys = sorted({test_key(t) for t, r in cpu_results.items() if r["outcome"] in PASSING})[::args.sample]
+            select = os.path.join(args.out, f"{os.path.splitext(name)[0]}.sample{args.sample}.txt")
+            with open(select, "w") as f:
+                f.write("".join(k + "\n" for k in keys))
+            cpu_results = {t: r for t, r in cpu_results.items() if test_key(t) in set(keys)}
+            cpu_secs = sum(r.get("secs", 0.0) for r in cpu_results.values())
         for mode in modes:
             print(f"{name}: tpu {mode} ...", flush=True)
             tpu = run_target(path, mode, args.out, timeout=args.timeout, wall=args.wall, kexpr=args.kexpr,
-                             reuse=reuse)
-            rows.append({"file": name, "mode": mode, "cmp": compare(cpu["results"], tpu["results"]),
-                         "cpu_secs": cpu["secs"], "tpu_secs": tpu["secs"]})
+                             reuse=reuse, select=select)
+            rows.append({"file": name, "mode": mode, "cmp": compare(cpu_results, tpu["results"]),
+                         "cpu_secs": cpu_secs, "tpu_secs": tpu["secs"], "compiles": compiles(tpu["results"])})
     print()
     report(rows)
     if args.json:

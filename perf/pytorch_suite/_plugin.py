@@ -11,7 +11,9 @@ PrivateUse1 backend's name). Read from the environment:
   ``SuiteTimeout`` (a ``BaseException``, so ``assertRaises(Exception)`` cannot swallow it);
 - ``PT_SUITE_DONE``: a file of test ids already run (one a line), deselected here: the
   launcher restarts a process that died or hung, without the tests it finished;
-- ``PT_SUITE_LAZYRT=1``: import lazyrt first (the tpu runs).
+- ``PT_SUITE_LAZYRT=1``: import lazyrt first (the tpu runs);
+- ``PT_SUITE_SELECT``: a file of test keys (``perf.pytorch_suite.test_key``, one a line): only
+  those tests run (the launcher's ``--sample``).
 """
 from __future__ import annotations
 
@@ -53,10 +55,20 @@ def pytest_collection_modifyitems(session, config, items):
     if done_file and os.path.exists(done_file):
         with open(done_file) as f:
             done = {line.strip() for line in f if line.strip()}
-    if done:
-        keep = [it for it in items if _test_id(it.nodeid) not in done]
-        config.hook.pytest_deselected(items=[it for it in items if _test_id(it.nodeid) in done])
-        items[:] = keep
+    select = None
+    select_file = os.environ.get("PT_SUITE_SELECT")
+    if select_file:
+        from perf.pytorch_suite import test_key
+
+        with open(select_file) as f:
+            select = {line.strip() for line in f if line.strip()}
+    if done or select is not None:
+        def wanted(it):
+            tid = _test_id(it.nodeid)
+            return tid not in done and (select is None or test_key(tid) in select)
+
+        config.hook.pytest_deselected(items=[it for it in items if not wanted(it)])
+        items[:] = [it for it in items if wanted(it)]
 
 
 def pytest_collection_finish(session):
@@ -67,8 +79,19 @@ def _on_alarm(signum, frame):
     raise SuiteTimeout(f"test ran past the suite's limit of {_TIMEOUT:g} s")
 
 
+def _compiles() -> dict:
+    """lazyrt's programs compiled so far, per op family (empty on CPU)."""
+    if os.environ.get("PT_SUITE_LAZYRT") != "1":
+        return {}
+    from lazyrt._base.metrics import COMPILES_BY_OP
+
+    return dict(COMPILES_BY_OP)
+
+
 def pytest_runtest_protocol(item, nextitem):
     _emit(kind="start", id=_test_id(item.nodeid), t=time.time())
+    _state.setdefault(_test_id(item.nodeid), {"outcome": "passed", "etype": "", "msg": "", "secs": 0.0,
+                                              "_c0": _compiles()})
     return None
 
 
@@ -115,4 +138,7 @@ def pytest_runtest_logreport(report):
         if "SuiteTimeout" in st["etype"] or "SuiteTimeout" in st["msg"]:
             st["outcome"] = "timeout"
     if report.when == "teardown":
-        _emit(kind="report", id=tid, **_state.pop(tid))
+        st = _state.pop(tid)
+        c0, c1 = st.pop("_c0", {}), _compiles()
+        st["compiles"] = {k: v - c0.get(k, 0) for k, v in c1.items() if v - c0.get(k, 0)}
+        _emit(kind="report", id=tid, **st)
