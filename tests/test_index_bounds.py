@@ -234,6 +234,30 @@ def test_index_copy_scalar_shapes(mode):
         assert_close(t, target)
 
 
+@pytest.mark.parametrize("self_shape,dim,src_shape,idx", [
+    ((5,), 0, (), [1]), ((5,), 0, (), 1), ((3, 4), 0, (3,), [0]), ((3, 4), 0, (2, 5), [0, 1]),
+    ((3, 4), 1, (3, 2), [0, 1]), ((), 0, (1,), [0]), ((3, 4), -1, (3, 2), [0, 3])])
+def test_index_add_source_shape(mode, self_shape, dim, src_shape, idx):
+    """ATen's shape checks of ``index_add`` (a 0-d source into a 1-d tensor raised nothing);
+    the shapes that fit add as on CPU."""
+    x, s, i = torch.zeros(self_shape), torch.arange(1.0, 1.0 + s_numel(src_shape)).reshape(src_shape), \
+        torch.tensor(idx)
+    try:
+        want = x.clone().index_add_(dim, i, s)
+    except RuntimeError:
+        _same_error(lambda t, j, v: t.index_add_(dim, j, v), x, i, s,
+                    args_tpu=(x.to("tpu"), i.to("tpu"), s.to("tpu")))
+        return
+    assert_close(x.to("tpu").index_add_(dim, i.to("tpu"), s.to("tpu")), want)
+
+
+def s_numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def test_bool_index_put_accumulate(mode):
     x = torch.tensor([False, True, False, False])
     idx = torch.tensor([0, 0, 2])
