@@ -195,9 +195,7 @@ def values_shape_check(x, indices, values) -> None:
         res = before + b + after + rest
     else:
         res = b + before + after + rest
-    v = list(values.shape)
-    while len(v) > len(res) and v[0] == 1:
-        v = v[1:]
+    v = list(values.shape)  # (no leading 1s dropped: ATen's index_put_ drops none)
     if len(v) > len(res) or any(a not in (1, r) for a, r in zip(reversed(v), reversed(res))):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
                            f"broadcast to indexing result of shape {res}")
