@@ -115,3 +115,16 @@ def test_sparse_quantized_raise_no_kernel_error(mode, fn):
     t = to_tpu(torch.randn(2, 3))
     with pytest.raises(NotImplementedError, match="Could not run 'aten::.*' with arguments from the 'tpu' backend"):
         fn(t)
+
+
+def test_bool_times_inf_and_over_zero_are_nan_as_ieee(mode):
+    """XLA's simplifier turns ``convert(pred) * y`` into ``select(pred, y, 0)``: ``False *
+    inf`` and ``False / 0`` were 0 on tpu, NaN on the CPU (a silent wrong value)."""
+    x = torch.tensor([True, False, True])
+    inf = torch.full((3,), float("inf"))
+    nan = torch.full((3,), float("nan"))
+    cases = [lambda b, i, n: b / 0, lambda b, i, n: b.float() / 0, lambda b, i, n: b.float() * i,
+             lambda b, i, n: b * i, lambda b, i, n: i * b, lambda b, i, n: b.double() * n.double(),
+             lambda b, i, n: b * float("inf"), lambda b, i, n: torch.div(b, n * 0 + 0)]
+    for f in cases:
+        assert_close(f(x.to("tpu"), inf.to("tpu"), nan.to("tpu")), f(x, inf, nan))

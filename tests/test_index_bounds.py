@@ -234,6 +234,30 @@ def test_index_copy_scalar_shapes(mode):
         assert_close(t, target)
 
 
+@pytest.mark.parametrize("self_shape,dim,src_shape,idx", [
+    ((5,), 0, (), [1]), ((5,), 0, (), 1), ((3, 4), 0, (3,), [0]), ((3, 4), 0, (2, 5), [0, 1]),
+    ((3, 4), 1, (3, 2), [0, 1]), ((), 0, (1,), [0]), ((3, 4), -1, (3, 2), [0, 3])])
+def test_index_add_source_shape(mode, self_shape, dim, src_shape, idx):
+    """ATen's shape checks of ``index_add`` (a 0-d source into a 1-d tensor raised nothing);
+    the shapes that fit add as on CPU."""
+    x, s, i = torch.zeros(self_shape), torch.arange(1.0, 1.0 + s_numel(src_shape)).reshape(src_shape), \
+        torch.tensor(idx)
+    try:
+        want = x.clone().index_add_(dim, i, s)
+    except RuntimeError:
+        _same_error(lambda t, j, v: t.index_add_(dim, j, v), x, i, s,
+                    args_tpu=(x.to("tpu"), i.to("tpu"), s.to("tpu")))
+        return
+    assert_close(x.to("tpu").index_add_(dim, i.to("tpu"), s.to("tpu")), want)
+
+
+def s_numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def test_bool_index_put_accumulate(mode):
     x = torch.tensor([False, True, False, False])
     idx = torch.tensor([0, 0, 2])
@@ -318,3 +342,60 @@ def test_unread_checks_stay_bounded_without_a_sync(monkeypatch):
         F.embedding(i, w)
     assert asserts.count() < 30
     lazyrt.sync()
+
+
+MASK_CASES = [((4, 5), (4, 5), ()), ((4, 5), (4,), (5,)), ((4, 5), (4,), (1, 5)), ((4, 5), (4,), (1,)),
+              ((2, 3, 4), (2, 3), (4,)), ((4, 5), (4, 5), (1, 1, 1)), ((4,), (4,), (1, 1)),
+              ((3, 4), (3,), (1, 1)), ((3, 4), (3,), (3, 4)), ((4, 5), (4, 5), (2,)), ((3, 4), (3,), (1, 1, 4))]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("xs,ms,vs", MASK_CASES, ids=str)
+def test_mask_index_put_values_and_errors(mode, xs, ms, vs, accumulate):
+    """``index_put_(x, (mask,), v)`` with a bool mask (on the CPU or on tpu): the values, or
+    ATen's error (one value without accumulate is its masked_fill_ path, any shape)."""
+    g = torch.Generator().manual_seed(len(xs) * 10 + len(vs))
+    x, v = torch.randn(xs, generator=g), torch.randn(vs, generator=g)
+    m = torch.rand(ms, generator=g) > 0.5
+    try:
+        want = x.clone().index_put_((m,), v, accumulate=accumulate)
+    except RuntimeError:
+        for mdev in ("cpu", "tpu"):
+            _same_error(lambda t, i, w: t.index_put_((i,), w, accumulate=accumulate), x.clone(), m, v,
+                        args_tpu=(x.to("tpu"), m.to(mdev), v.to("tpu")))
+        return
+    for mdev in ("cpu", "tpu"):
+        assert_close(x.to("tpu").index_put_((m.to(mdev),), v.to("tpu"), accumulate=accumulate), want,
+                     rtol=0, atol=0)
+
+
+def test_mask_assignment_compiles_once_per_shape(mode):
+    """``x[mask] = 0`` with masks of different counts: one program per shape, not per count."""
+    from lazyrt import metrics
+
+    x = torch.randn(6, 5)
+    t = x.to("tpu")
+    masks = [torch.arange(30).reshape(6, 5) % k == 0 for k in (2, 3, 4, 5, 7)]
+    t[masks[0]] = 0
+    t.cpu()
+    metrics.reset()
+    x[masks[0]] = 0
+    for m in masks[1:]:
+        t[m] = 0
+        t.cpu()  # (defer: a flush a step, the same program each time)
+        x[m] = 0
+    assert metrics.counters()["cache_misses"] == 0
+    assert_close(t, x)
+
+
+def test_index_put_values_of_more_dims_raise_as_aten(mode):
+    """ATen's index_put_ drops no leading 1s of the values (Python's setitem does)."""
+    x = torch.randn(4, 5)
+    i = torch.tensor([0, 1])
+    for v in (torch.ones(1, 1, 1), torch.ones(1, 1, 5)):
+        _same_error(lambda t, j, w: torch.ops.aten.index_put_(t, [j], w), x.clone(), i, v,
+                    args_tpu=(x.to("tpu"), i.to("tpu"), v.to("tpu")))
+        y, yt = x.clone(), x.to("tpu")
+        y[i] = v
+        yt[i.to("tpu")] = v.to("tpu")
+        assert_close(yt, y)

@@ -9,7 +9,8 @@ a changing learning rate or a fresh random draw compiles nothing new. A cache hi
 is then checked against the trace itself (the same progs, input wiring and leaf
 avals), so two traces whose hashes collide never share an executable.
 
-Runtime scalars enter the program once per distinct value: a for-loop AdamW step over
+Runtime floats enter the program once per distinct value (ints once each, as they come:
+positions and value ints equal by chance must not share): a for-loop AdamW step over
 200 parameters records 1,400 scalars holding 7 values, and its program reads 7
 (``_exes.scalar_layout``; a slice of the scalar vector per use made XLA compile 1,400
 different kernels, 14 s instead of 1). Which positions share a value is part of what an
@@ -366,7 +367,7 @@ def _compile_for(tr: Trace, exe, key, scal, out_refs, donate_mask, arrays, runne
     COMPILES_BY_OP["flush"] += 1
     if config.explain_recompile:
         _explain(tr, src)
-    first, slots = _exes.scalar_layout(scal)
+    first, slots = (None, None) if _exes.compiled_before(key, tr) else _exes.scalar_layout(scal, tr)
     fn = build_fn(tr, out_refs, donate_mask, slots)
     n_slots = len(scal) if first is None else len(first)
     args = (*arrays, scalar_struct(n_slots))
@@ -457,7 +458,7 @@ def hlo_text(tr: Trace, pendings) -> str:
         return ""
     mask = tuple(False for _ in tr.leaves)
     scal = np.asarray(tr.scalars, dtype=np.float64)
-    first, slots = _exes.scalar_layout(scal)
+    first, slots = _exes.scalar_layout(scal, tr)
     fn = build_fn(tr, refs, mask, slots)
     n_slots = len(scal) if first is None else len(first)
     with _X64(True):

@@ -97,19 +97,36 @@ def flush_signature(tr: Trace, out_refs, donate_mask, slots) -> str | None:
     return h.hexdigest()
 
 
-def scalar_layout(scal: np.ndarray):
+def scalar_layout(scal: np.ndarray, tr: Trace | None = None):
     """``(first, slots)``: where each distinct value (bit for bit) is first used, in order
-    of first use, and each scalar's slot in that list; ``(None, None)`` if all differ."""
+    of first use, and each scalar's slot in that list; ``(None, None)`` if all differ.
+    Only floats share slots (``tr``'s nodes say which scalars are ints): ints are positions,
+    value ints and seeds, small numbers equal by chance (a position 1 and a multiplier 1),
+    and a layout that shared them would not fit the next call's values."""
     n = len(scal)
     if n < 2:
         return None, None
-    u, first, inv = np.unique(scal.view(np.int64), return_index=True, return_inverse=True)
+    bits = scal.view(np.int64)
+    if tr is not None:
+        kinds = [k for p in tr.nodes for k in p.scalar_kinds]
+        if "i" in kinds:
+            tag = np.where(np.array([k == "i" for k in kinds]), np.arange(1, n + 1), 0)
+            bits = np.stack([bits, tag], 1)
+    u, first, inv = np.unique(bits, return_index=True, return_inverse=True, axis=0)
     if len(u) == n:
         return None, None
     order = np.argsort(first, kind="stable")
     rank = np.empty(len(u), dtype=np.intp)
     rank[order] = np.arange(len(u))
     return first[order], rank[inv.reshape(-1)]
+
+
+def compiled_before(key, tr: Trace) -> bool:
+    """Whether a program of ``tr``'s ops is cached whose scalar layout did not fit (values
+    that shared a slot then differ now): its next one takes a slot per scalar, which fits
+    every value, so equal values by chance (a position equal to a multiplier) cost one
+    program more, never one per value."""
+    return any(exe.matches(tr) for exe in _cache.get(key, ()))
 
 
 def lookup(key, tr: Trace, scal: np.ndarray) -> Exe | None:

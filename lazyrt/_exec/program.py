@@ -10,6 +10,17 @@ import numpy as np
 
 from .trace import _MASK, _SHIFT, Trace
 
+try:  # a weak-typed int64, as strict's programs see a Python int (``_ops.value_ints``)
+    from jax._src.lax.lax import _convert_element_type
+
+    def _weak_int(s):
+        return _convert_element_type(s, _I64, weak_type=True)
+except ImportError:  # pragma: no cover - another JAX
+    def _weak_int(s):
+        return s.astype(np.int64)
+
+_I64 = np.dtype(np.int64)
+
 
 def needed(tr: Trace, out_refs) -> list:
     need = [False] * len(tr.nodes)
@@ -61,7 +72,9 @@ def build_fn(tr: Trace, out_refs, donate_mask, slots=None):
                     if s is None:
                         s = scal[slot]
                         if kind == "i":
-                            s = s.astype(np.int64)
+                            # NOTE: weak, as a Python int: int8 x < 300 compares with
+                            # 300 wrapped to int8, as strict and PyTorch's CPU do
+                            s = _weak_int(s)
                         taken[(slot, kind)] = s
                     ins.append(s)
             vals[n] = p.fn(*ins)

@@ -195,9 +195,7 @@ def values_shape_check(x, indices, values) -> None:
         res = before + b + after + rest
     else:
         res = b + before + after + rest
-    v = list(values.shape)
-    while len(v) > len(res) and v[0] == 1:
-        v = v[1:]
+    v = list(values.shape)  # (no leading 1s dropped: ATen's index_put_ drops none)
     if len(v) > len(res) or any(a not in (1, r) for a, r in zip(reversed(v), reversed(res))):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
                            f"broadcast to indexing result of shape {res}")
@@ -217,6 +215,29 @@ def _index_fill(args, kwargs):
 
 
 _INDEX_COPY = _along(IndexError, "index_copy_(): " + _AT)
+_INDEX_ADD = _along(None, None, choose=_index_add_msg)
+
+
+def _index_add(args, kwargs):
+    """ATen's ``index_func_meta_impl`` shape check of ``index_add`` (its Python meta kernel
+    lacks it): ``source`` has ``self``'s shape but along ``dim`` (all of it when either is
+    0-d)."""
+    self, dim, src = args[0], arg(args, kwargs, "dim", 1), arg(args, kwargs, "source", 3)
+    idx = arg(args, kwargs, "index", 2)
+    d = dim + self.dim() if type(dim) is int and dim < 0 else dim
+    if isinstance(src, torch.Tensor) and isinstance(idx, torch.Tensor) and type(d) is int \
+            and (src.dim() == 0 or 0 <= d < src.dim()) and idx.dim() <= 1 and src.dtype == self.dtype:
+        if idx.numel() != (src.shape[d] if src.dim() else 1):
+            raise RuntimeError(f"index_add_(): Number of indices ({idx.numel()}) should be equal to "
+                               f"source.size(dim): ({src.shape[d]}), for dim: {d}")
+        a, b = list(self.shape), list(src.shape)
+        if self.dim() and src.dim() and d < len(a):
+            del a[d], b[d]
+        if a != b:
+            raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the "
+                               f"specified dimension. Got self.shape = {list(self.shape)} "
+                               f"source.shape = {list(src.shape)}")
+    return _INDEX_ADD(args, kwargs)
 
 
 def _index_copy(args, kwargs):
@@ -257,7 +278,7 @@ RULES = {
     "scatter": _GATHER,
     "scatter_add": _GATHER,
     "scatter_reduce": _GATHER,
-    "index_add": _along(None, None, choose=_index_add_msg),
+    "index_add": _index_add,
     "index_copy": _index_copy,
     "index_fill": _index_fill,
     "index_reduce": _along(IndexError, _IN_SELF),

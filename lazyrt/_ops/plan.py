@@ -25,6 +25,7 @@ from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import TpuTensor, contiguous_spec
 from .._exec import diskcache as _diskcache
+from . import value_ints as _value_ints
 from .args import (
     GSLOT,
     RuntimeInt,
@@ -352,6 +353,8 @@ def plan_for(e, args, kwargs):
     vals: list = []
     scal: list = []
     dyn = not e.static_floats
+    if e.int_slots[1]:
+        args, kwargs = _value_ints.convert(e, args, kwargs)
     # NOTE: ``walk`` inlined for tensor arguments (most of them): no call per argument.
     key = []
     for a in args:

@@ -25,6 +25,7 @@ from torch._ops import OpOverload
 from .. import lowering
 from ..lowering._registry import Lowering
 from . import handlers as h
+from . import value_ints as _value_ints
 from .schema import (
     Schema,
     custom_kernel,
@@ -81,7 +82,7 @@ class OpEntry(Schema):
     """An op as the dispatcher runs it: schema facts, handler, lowering, plan cache."""
 
     __slots__ = ("handler", "fn", "static_floats", "random", "data_dependent", "decomp",
-                 "functional", "plans", "resolution")
+                 "functional", "plans", "resolution", "int_slots")
 
     def __init__(self, op: OpOverload, r: Resolution):
         super().__init__(op)
@@ -95,6 +96,10 @@ class OpEntry(Schema):
         self.functional = r.functional
         if r.lowering is not None:
             self._use(r.lowering, derived=r.lowering.op is not op)
+        # value ints as runtime ints (``value_ints``): lowered ops with runtime floats
+        self.int_slots = ((), ())
+        if r.how in ("lowered", "derived") and not self.static_floats:
+            self.int_slots = _value_ints.slots(op)
         if r.how == "lowered":
             self.handler = self._handler_for_lowering()
         elif r.how == "special":

@@ -269,26 +269,45 @@ def index_put(e, args, kwargs):
     x, indices, values = args[0], args[1], args[2]
     rest = tuple(args[3:])
     checks = _bounds.index_checks(x, indices)
-    # x[mask] = scalar-like: a where(), no sync.
-    if (len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool
-            and isinstance(indices[0], TpuTensor) and values.numel() == 1
-            and tuple(indices[0].shape) == tuple(x.shape[: indices[0].dim()])):
+    # x[mask] = v, v one value or a row of x's trailing dims: a where(), no sync and one
+    # program per shape (a mask's nonzero count would make a new program per count)
+    mask = indices[0] if len(indices) == 1 else None
+    if mask is not None and mask.dtype == torch.bool and tuple(mask.shape) == tuple(x.shape[:mask.dim()]):
+        rest_shape = tuple(x.shape[mask.dim():])
+        vs = tuple(values.shape)
+        if len(vs) == len(rest_shape) + 1 and vs[0] == 1:
+            vs = vs[1:]  # (values broadcast to the result [n, *rest_shape])
         accumulate = rest[0] if rest else kwargs.get("accumulate", False)
-        if not accumulate:
-            mask = indices[0]
-            for _ in range(x.dim() - mask.dim()):
-                mask = aten.unsqueeze.default(mask, -1)
-            v = values if isinstance(values, TpuTensor) else from_cpu(values)
-            v = aten.reshape.default(v, []) if v.dim() else v
-            newv = aten.where.self(mask, aten._to_copy.default(v, dtype=x.dtype), x)
-            if e.mut:
-                return aten.copy_.default(x, newv)
-            return newv
+        fits = len(vs) <= len(rest_shape) and all(
+            a in (1, b) for a, b in zip(reversed(vs), reversed(rest_shape)))
+        if fits or (not accumulate and values.numel() == 1):
+            return _masked_put(e, x, mask, values, accumulate)
     long_indices = _bool_to_long_indices(indices)
     if values.dim():
         _bounds.values_shape_check(x, long_indices, values)
     return _bounds.run_checked(e, (x, long_indices, values) + rest, kwargs, checks)
 
+
+
+def _masked_put(e, x, mask, values, accumulate):
+    """``index_put_(x, (mask,), values)`` for a bool mask over x's leading dims and values
+    that broadcast to one masked row (or one value, not accumulating: ATen's ``masked_fill_``
+path): ``where(mask, values, x)`` (``x + values`` where
+    accumulating: each masked element is written once)."""
+    if not isinstance(mask, TpuTensor):
+        mask = from_cpu(mask)  # (a CPU mask indexes a tpu tensor, as on CUDA)
+    v = values if isinstance(values, TpuTensor) else from_cpu(values)
+    if not accumulate and v.numel() == 1:
+        v = aten.reshape.default(v, [])  # (ATen: a masked_fill_, whatever the value's shape)
+    elif v.dim() == x.dim() - mask.dim() + 1:
+        v = aten.squeeze.dim(v, 0)  # (its size-1 leading dim, the masked rows')
+    for _ in range(x.dim() - mask.dim()):
+        mask = aten.unsqueeze.default(mask, -1)
+    v = aten._to_copy.default(v, dtype=x.dtype)
+    newv = aten.where.self(mask, aten.add.Tensor(x, v) if accumulate else v, x)
+    if e.mut:
+        return aten.copy_.default(x, newv)
+    return newv
 
 
 def is_pinned(e, args, kwargs):

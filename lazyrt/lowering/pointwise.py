@@ -15,12 +15,35 @@ def _arr(x):
     return x if hasattr(x, "dtype") else jnp.asarray(x)
 
 
+def bool_to(x, dt):
+    """A bool array as dtype ``dt``. NOTE: through uint8 when ``dt`` is inexact: XLA's
+    simplifier rewrites ``convert(pred) * y`` and ``convert(pred) / y`` into
+    ``select(pred, y, 0)`` / ``select(pred, 1 / y, 0)``, so ``False * inf`` and
+    ``False / 0`` gave 0 where IEEE (and PyTorch) give NaN (jax 0.10.2, XLA:CPU)."""
+    if jnp.issubdtype(dt, jnp.inexact):
+        return x.astype(jnp.uint8).astype(dt)
+    return x.astype(dt)
+
+
+def _unbool(a, b):
+    """``a`` with a bool array converted (``bool_to``) where the op's other operand is
+    inexact: the promotion jnp would do, without the rewrite."""
+    a = _arr(a)
+    if a.dtype == jnp.bool_:
+        bt = b.dtype if hasattr(b, "dtype") else None
+        if bt is not None and jnp.issubdtype(bt, jnp.inexact):
+            return bool_to(a, bt)
+        if isinstance(b, float):
+            return bool_to(a, jnp.float32)
+    return a
+
+
 def _float_of(x):
     """Float view of x for ops that are float-only in PyTorch (int inputs promote)."""
     x = _arr(x)
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return opmath(x)
-    return x.astype(jnp.float32)
+    return bool_to(x, jnp.float32)
 
 
 # ---- binary arithmetic ------------------------------------------------------------
@@ -51,15 +74,15 @@ def rsub(self, other, *, alpha=1):
 def mul(self, other):
     if _arr(self).dtype == jnp.bool_ and _arr(other).dtype == jnp.bool_:
         return jnp.logical_and(self, other)
-    return self * other
+    return _unbool(self, other) * _unbool(other, self)
 
 
 @lower(aten.div.Tensor, aten.div.Scalar)
 def div(self, other):
     a, b = _arr(self), _arr(other)
     if not jnp.issubdtype(a.dtype, jnp.inexact) and not jnp.issubdtype(b.dtype, jnp.inexact):
-        a = a.astype(jnp.float32)
-    return jnp.true_divide(a, b)
+        a = bool_to(a, jnp.float32)
+    return jnp.true_divide(_unbool(a, b), _unbool(b, a))
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -711,6 +734,8 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         jd = jdt(dtype)
         if jnp.iscomplexobj(self) and not jnp.issubdtype(jd, jnp.complexfloating):
             self = jnp.real(self)
+        if self.dtype == jnp.bool_:
+            return bool_to(self, jd)
         return self.astype(jd)
     return self
 
