@@ -293,6 +293,28 @@ def test_a_plan_takes_its_output_specs_from_an_earlier_meta_kernel(tmp_path):
         torch.testing.assert_close(v1, ref)
 
 
+def test_a_loaded_executable_reads_its_memory_analysis_from_its_entry(tmp_path):
+    """A signature entry carries its executable's memory analysis: the loaded executable's
+    equals what XLA computes for it (and for the compiled one)."""
+    from lazyrt._base.memory import MemoryAnalysis
+
+    x = torch.randn(23, 5).to("tpu")
+    with lazyrt.set_mode("strict"), _compile_mode("full", str(tmp_path)):
+        _strict.drop(list(_strict._compiled))
+        first = torch.atan(x @ x.t()).cpu()
+        tiers.drain()
+        compiled = {p.sig: MemoryAnalysis.of(p.exe) for p in _strict._compiled if p.exe}
+        _strict.drop(list(_strict._compiled))
+        hits = _c()["disk_cache_signed_hits"]
+        second = torch.atan(x @ x.t()).cpu()
+        assert _c()["disk_cache_signed_hits"] > hits
+        loaded = [p for p in _strict._compiled if p.exe in diskcache._analyses]
+        assert loaded
+        for p in loaded:
+            assert diskcache.analysis_of(p.exe) == MemoryAnalysis.of(p.exe) == compiled[p.sig]
+    assert torch.equal(first, second)
+
+
 def test_meta_text_is_none_without_a_stable_text():
     from lazyrt._ops.args import SliceEnd, meta_text
 
