@@ -20,7 +20,10 @@ process, then the warm one with the same cache. ``--lazyrt PATH`` measures the l
 package under PATH (another checkout) with this harness. Columns: seconds to the first
 results, programs compiled (``cache_misses``), seconds lazyrt spent compiling and
 executing (its counters; time not in either is Python: tracing, dispatch, PyTorch), and
-the losses' largest relative difference from CPU's.
+the losses' largest relative difference from CPU's. A second table splits each figure
+into the row's model build (the builder constructing the model on the CPU, its lazy imports
+included, before ``.to(device)``; wall and process CPU seconds) and the rest (lazyrt's
+part, with the model's own Python per step), and gives warm / cold of both in CPU seconds.
 """
 from __future__ import annotations
 

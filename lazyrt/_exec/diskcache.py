@@ -25,7 +25,10 @@ the switches lowerings read (``switches``) and a hash of lazyrt's own source
 (``source_key``: any change to a lowering, to the plan or view machinery, is a new key).
 Such an entry carries the executable's argument and result structure, and a loaded one is
 used only if its arguments (count, shapes, dtypes, donation) are exactly the program's
-(``load_signed``); otherwise the program is traced and compiled as before.
+(``load_signed``); otherwise the program is traced and compiled as before. It also
+carries the executable's memory analysis (``analysis_of``). Plans keep their verdicts
+(``plan_checked``) and their meta kernels' output specs (``meta_specs``) here too, so a warm
+process builds them without tracing a lowering or running a meta kernel.
 
 As with JAX's own compilation cache, the directory is trusted: an entry is machine code
 this process will run. It is created private to the user (mode 0700).
