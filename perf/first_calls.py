@@ -20,7 +20,10 @@ process, then the warm one with the same cache. ``--lazyrt PATH`` measures the l
 package under PATH (another checkout) with this harness. Columns: seconds to the first
 results, programs compiled (``cache_misses``), seconds lazyrt spent compiling and
 executing (its counters; time not in either is Python: tracing, dispatch, PyTorch), and
-the losses' largest relative difference from CPU's.
+the losses' largest relative difference from CPU's. A second table splits each figure
+into the row's model build (the builder constructing the model on the CPU, its lazy imports
+included, before ``.to(device)``; wall and process CPU seconds) and the rest (lazyrt's
+part, with the model's own Python per step), and gives warm / cold of both in CPU seconds.
 """
 from __future__ import annotations
 
@@ -42,6 +45,14 @@ STEPS = 3
 # the rows (built on the CPU from a fixed seed, then moved to the device)
 
 
+def _timed(fn):
+    """``fn()`` and the (wall, process CPU) seconds it took: the rows' builders report the
+    model's construction on the CPU (its lazy imports included), before ``.to(device)``."""
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, (time.perf_counter() - t, time.process_time() - c)
+
+
 class _Train:
     """A model, a batch and AdamW; ``step()`` is one training step returning its loss."""
 
@@ -50,7 +61,7 @@ class _Train:
 
         torch.manual_seed(0)
         self.device = device
-        self.model, self.batch = self.build()
+        (self.model, self.batch), self.build_time = _timed(self.build)
         self.model = self.model.to(device)
         self.batch = [b.to(device) for b in self.batch]
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
@@ -110,6 +121,7 @@ class GPTTrain:
         from perf.workloads import GPTTrain as W
 
         self.w = W(device, "defer" if device == "cpu" else "x")
+        self.build_time = None  # built and moved in one constructor: not separable
 
     def step(self):
         return self.w.step()
@@ -121,14 +133,19 @@ class LlamaBeam:
 
     def __init__(self, device):
         import torch
-        import transformers as tf
 
         torch.manual_seed(0)
+        model, self.build_time = _timed(self.build)
+        self.model = model.to(device)
+        self.ids = torch.randint(0, 128, (1, 6)).to(device)
+
+    def build(self):
+        import transformers as tf
+
         cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                              max_position_embeddings=128)
-        self.model = tf.LlamaForCausalLM(cfg).eval().to(device)
-        self.ids = torch.randint(0, 128, (1, 6)).to(device)
+        return tf.LlamaForCausalLM(cfg).eval()
 
     def step(self):
         out = self.model.generate(self.ids, max_new_tokens=8, min_new_tokens=8, num_beams=2,
@@ -171,6 +188,8 @@ def work(row: str, mode: str, steady: int) -> dict:
     res: dict = {"row": row, "mode": mode, "import_s": t0 - t_imp}
     wl = BUILDERS[row](device)
     res["build_s"] = time.perf_counter() - t0
+    if wl.build_time is not None:
+        res["model_s"], res["model_cpu_s"] = wl.build_time
     losses, times = [], []
     for _ in range(FIRST[row]):
         t = time.perf_counter()
@@ -255,12 +274,41 @@ def _fmt(r: dict | None, cpu: dict | None) -> str:
     return s
 
 
+def _rest(r: dict):
+    """(wall, cpu) seconds to the first results less the model's build, or None."""
+    if "model_s" not in r:
+        return None
+    return r["first_s"] - r["model_s"], r["first_cpu_s"] - r["model_cpu_s"]
+
+
 def table(results: dict, cols: list) -> str:
     lines = ["| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row, by in results.items():
         cpu = by.get("cpu")
         cells = [_fmt(by.get(c), None if c == "cpu" else cpu) for c in cols]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", "Model build: the row's builder constructing the model on the CPU (its lazy imports "
+              "included), before ``.to(device)``; 'rest' = first results - build (lazyrt's part, "
+              "plus the model's own Python per step); warm / cold of CPU seconds.", "",
+              "| row | column | first results wall / cpu s | build wall / cpu s | "
+              "rest wall / cpu s | warm / cold, total | warm / cold, rest |",
+              "|---|---|---|---|---|---|---|"]
+    for row, by in results.items():
+        for c in cols:
+            r = by.get(c) or {}
+            if "first_s" not in r:
+                continue
+            rest = _rest(r)
+            cold = by.get(c[:-len("warm")] + "cold") if c.endswith("warm") else None
+            rt = rr = "-"
+            if cold and "first_s" in cold:
+                rt = f"{r['first_cpu_s'] / cold['first_cpu_s']:.2f}"
+                if rest and _rest(cold):
+                    rr = f"{rest[1] / _rest(cold)[1]:.2f}"
+            b = (f"{r['model_s']:.1f} / {r['model_cpu_s']:.1f}" if "model_s" in r else "-")
+            lines.append(f"| {row} | {c} | {r['first_s']:.1f} / {r['first_cpu_s']:.1f} | {b} | "
+                         + (f"{rest[0]:.1f} / {rest[1]:.1f}" if rest else "-")
+                         + f" | {rt} | {rr} |")
     lines += ["", "| row | column | steady ms | steady compiles | tier swaps | "
               "loss rel. diff vs CPU |", "|---|---|---|---|---|---|"]
     for row, by in results.items():

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import jax
 import numpy as np
@@ -253,6 +254,75 @@ def test_programs_that_drop_an_unused_argument_are_apart_by_its_shape(tmp_path):
             torch.testing.assert_close(got, torch.nn.functional.pdist(x))
         tiers.drain()
         assert len([f for f in os.listdir(diskcache.directory()) if f.endswith(".exe")]) >= 2
+
+
+def test_a_plan_takes_its_output_specs_from_an_earlier_meta_kernel(tmp_path):
+    """A warm process does not run the meta kernel of a plan an earlier process built: the
+    output specs (strides and out= resizes included) come from the disk, keyed by what the
+    meta kernel read. Different strides are a different entry; bad input still raises
+    the meta kernel's error at the op."""
+    from lazyrt._ops import resolve as _resolve
+
+    x = torch.randn(2, 3, 4, 5)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    out = torch.empty(0)
+    entries = [_resolve.resolve(op) for op in (torch.ops.aten.mul.Tensor,
+                                               torch.ops.aten.sin.out)]
+
+    def run():
+        for e in entries:
+            e.plans.clear()
+        a, b = x.to("tpu"), cl.to("tpu")
+        o = out.to("tpu")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            torch.sin(a, out=o)
+        return [(t.shape, t.stride(), t.dtype, t.cpu()) for t in (a * 2, b * 2, o)]
+
+    with lazyrt.set_mode("strict"), _compile_mode("full", str(tmp_path)):
+        first = run()
+        hits = _c()["disk_cache_meta_hits"]
+        second = run()
+        assert _c()["disk_cache_meta_hits"] >= hits + 3
+        with pytest.raises(RuntimeError, match="broadcast"):  # the meta kernel's error
+            x.to("tpu") * torch.randn(7).to("tpu")
+    assert [r[:3] for r in first] == [r[:3] for r in second] == [
+        ((2, 3, 4, 5), s, torch.float32) for s in (x.stride(), cl.stride(), x.stride())]
+    for (_, _, _, v1), (_, _, _, v2), ref in zip(first, second, (x * 2, cl * 2, x.sin())):
+        assert torch.equal(v1, v2)
+        torch.testing.assert_close(v1, ref)
+
+
+def test_a_loaded_executable_reads_its_memory_analysis_from_its_entry(tmp_path):
+    """A signature entry carries its executable's memory analysis: the loaded executable's
+    equals what XLA computes for it (and for the compiled one)."""
+    from lazyrt._base.memory import MemoryAnalysis
+
+    x = torch.randn(23, 5).to("tpu")
+    with lazyrt.set_mode("strict"), _compile_mode("full", str(tmp_path)):
+        _strict.drop(list(_strict._compiled))
+        first = torch.atan(x @ x.t()).cpu()
+        tiers.drain()
+        compiled = {p.sig: MemoryAnalysis.of(p.exe) for p in _strict._compiled if p.exe}
+        _strict.drop(list(_strict._compiled))
+        hits = _c()["disk_cache_signed_hits"]
+        second = torch.atan(x @ x.t()).cpu()
+        assert _c()["disk_cache_signed_hits"] > hits
+        loaded = [p for p in _strict._compiled if p.exe in diskcache._analyses]
+        assert loaded
+        for p in loaded:
+            assert diskcache.analysis_of(p.exe) == MemoryAnalysis.of(p.exe) == compiled[p.sig]
+    assert torch.equal(first, second)
+
+
+def test_meta_text_is_none_without_a_stable_text():
+    from lazyrt._ops.args import SliceEnd, meta_text
+
+    x = torch.randn(2, 3).to("tpu")
+    assert meta_text([x, 2, 0.5, None, torch.float16]) is not None
+    assert meta_text([x]) != meta_text([x.t()])  # the strides are in it
+    assert meta_text([x, SliceEnd(3, 1)]) is None
+    assert meta_text([x, object()]) is None
 
 
 def test_a_cache_dir_that_cannot_be_made_warns_and_runs_without(tmp_path):

@@ -52,6 +52,8 @@ _ZERO = {
     "disk_cache_signed_hits": 0,
     "disk_cache_mismatches": 0,
     "disk_cache_plan_hits": 0,
+    # plans whose output specs an earlier process's meta kernel gave (no meta kernel run)
+    "disk_cache_meta_hits": 0,
     # tiered compiles (``_exec.tiers``): optimized executables swapped in, the seconds the
     # worker spent building them, builds that failed, were skipped at exit or not queued
     "tier_swaps": 0,

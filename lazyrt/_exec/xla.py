@@ -329,5 +329,5 @@ def _built(exe, t0: float, tiered: bool, upgrade):
     COUNTERS["cache_misses"] += 1
     COUNTERS["compile_seconds"] += seconds
     if tiered:
-        return exe, MemoryAnalysis.of(exe), seconds, upgrade
-    return exe, MemoryAnalysis.of(exe), seconds
+        return exe, _diskcache.analysis_of(exe), seconds, upgrade
+    return exe, _diskcache.analysis_of(exe), seconds

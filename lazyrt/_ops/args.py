@@ -217,6 +217,41 @@ def to_meta(a):
     return a
 
 
+def _ints(t) -> bool:
+    return all(type(x) is int for x in t)
+
+
+def meta_text(a) -> str | None:
+    """A stable text of what ``to_meta(a)`` hands a meta kernel (every tensor's spec, every
+    other value by type and value), or None where a value has no stable text: then the
+    meta kernel's result is not kept on disk (``_exec.diskcache.meta_specs``)."""
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, TpuTensor):
+            shape, stride, dtype, off = a._spec
+        elif a.dim() == 0:
+            return f"C0{a.dtype}"
+        else:
+            shape, stride, dtype, off = tuple(a.shape), tuple(a.stride()), a.dtype, 0
+        if not (_ints(shape) and _ints(stride) and type(off) is int):
+            return None  # symbolic sizes
+        return f"T{shape}{stride}{dtype}{off}"
+    tp = type(a)
+    if tp is list or tp is tuple:
+        parts = [meta_text(x) for x in a]
+        if any(p is None for p in parts):
+            return None
+        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
+    if tp is RuntimeInt:
+        return f"int:{int(a)}"
+    if tp in _SIG_SCALARS:
+        return f"{tp.__name__}:{a!r}"
+    if isinstance(a, _SIG_TORCH):
+        return f"{tp.__name__}:{a}"
+    if isinstance(a, torch.Generator):
+        return "G"
+    return None
+
+
 def spec_of_meta(m: torch.Tensor) -> tuple:
     return (tuple(m.shape), tuple(m.stride()), m.dtype, m.storage_offset())
 

@@ -30,6 +30,7 @@ from .args import (
     GSLOT,
     RuntimeInt,
     arg,
+    meta_text,
     rebuild,
     signature,
     spec_of_meta,
@@ -239,6 +240,38 @@ def _meta_or_none(e, args, kwargs):
     return mout, margs, mkw
 
 
+def _meta_text(e, args, kwargs) -> str | None:
+    """What an ATen op's meta kernel reads (``args.meta_text``), or None: another
+    namespace's meta (fake) kernel is a user's code, which no key covers."""
+    if e.op.namespace != "aten":
+        return None
+    a, kw = meta_text(list(args)), meta_text([(k, v) for k, v in kwargs.items()])
+    return None if a is None or kw is None else f"{e.op}|{a}|{kw}"
+
+
+def _output_specs(e, args, kwargs, call, vals, scal):
+    """``(fresh, kinds, resize, mut_specs)`` (``OutputLayout``'s parts, out= resizes) from
+    the meta kernel, or from the lowering where it has none. The meta kernel's are kept on
+    disk under its inputs' text, and a later process takes them from there without running
+    it (it gave them for exactly these meta inputs; one that warned is not kept)."""
+    name, kept = _diskcache.meta_specs(_meta_text(e, args, kwargs))
+    if kept is not None:
+        fresh, kinds, resize, mut_specs = kept
+        return fresh, kinds, resize, list(mut_specs)
+    mut_specs = _mut_specs(e, args, kwargs)
+    with warnings.catch_warnings(record=True) as caught:  # under the caller's filters
+        meta = _meta_or_none(e, args, kwargs)
+    for w in caught:  # to the caller's filters, as if not caught
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if meta is None:
+        fresh, kinds = _specs_from_lowering(e, call, vals, scal)
+        return fresh, kinds, None, mut_specs
+    fresh, kinds, resize = _specs_from_meta(e, *meta, mut_specs)
+    if name is not None and not caught:
+        _diskcache.note_meta(name, (fresh, kinds, resize, tuple(mut_specs)))
+    return fresh, kinds, resize, mut_specs
+
+
 def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Plan:
     dyn = not e.static_floats
     random = e.random
@@ -263,13 +296,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
         # what the retry traces.
         return e.fn(*a, **kw)
 
-    mut_specs = _mut_specs(e, args, kwargs)
-    meta = _meta_or_none(e, args, kwargs)
-    resize = None
-    if meta is not None:
-        fresh, kinds, resize = _specs_from_meta(e, *meta, mut_specs)
-    else:
-        fresh, kinds = _specs_from_lowering(e, call, vals, scal)
+    fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
     out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for s in layout.flat_specs)
 
