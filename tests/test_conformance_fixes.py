@@ -128,3 +128,21 @@ def test_bool_times_inf_and_over_zero_are_nan_as_ieee(mode):
              lambda b, i, n: b * float("inf"), lambda b, i, n: torch.div(b, n * 0 + 0)]
     for f in cases:
         assert_close(f(x.to("tpu"), inf.to("tpu"), nan.to("tpu")), f(x, inf, nan))
+
+
+def test_prims_real_imag_conj_broadcast_in_dim(mode):
+    """PyTorch's refs call ``prims.real``/``imag``/``conj``/``broadcast_in_dim`` (lazyrt's
+    "no lowering" error before, in test_unary_ufuncs' ``_refs`` cases); real/imag/conj are
+    views: a write through one reaches the base."""
+    import torch._refs as refs
+
+    p = torch.ops.prims
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    t = x.to("tpu")
+    for f in (p.real, p.imag, refs.conj, lambda a: p.broadcast_in_dim(a.real, [2, 3, 4], [1, 2]),
+              lambda a: refs.nn.functional.prelu(a.real, torch.tensor([0.25], device=a.device))):
+        assert_close(f(t), f(x).resolve_conj())
+    assert_close(p.conj(t), x.conj().resolve_conj())
+    p.real(t).mul_(2)
+    p.imag(t).add_(1)
+    assert_close(t, torch.complex(x.real * 2, x.imag + 1))

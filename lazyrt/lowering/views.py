@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ._registry import aten, inverse, lower
+from ._registry import aten, inverse, lower, prims
 from ._util import canon_dim, jdt
 
 
@@ -279,17 +279,22 @@ def view_as_complex(self):
     return lax.complex(self[..., 0], self[..., 1])
 
 
-@lower(aten.real.default)
+@lower(prims.broadcast_in_dim.default)
+def broadcast_in_dim(a, shape, broadcast_dimensions):
+    return lax.broadcast_in_dim(a, tuple(shape), tuple(broadcast_dimensions))
+
+
+@lower(aten.real.default, prims.real.default)
 def real(self):
     return jnp.real(self)
 
 
-@lower(aten.imag.default)
+@lower(aten.imag.default, prims.imag.default)
 def imag(self):
     return jnp.imag(self)
 
 
-@lower(aten._conj.default)
+@lower(aten._conj.default, prims.conj.default)
 def _conj(self):
     # NOTE: PyTorch's lazy conjugate bit does not exist here: the view holds the value.
     return jnp.conj(self)
@@ -314,12 +319,12 @@ def reshape_inverse(base, new):
     return new.reshape(base.shape).astype(base.dtype)
 
 
-@inverse(aten.real)
+@inverse(aten.real, prims.real)
 def real_inverse(base, new):
     return lax.complex(new.astype(jnp.real(base).dtype), jnp.imag(base))
 
 
-@inverse(aten.imag)
+@inverse(aten.imag, prims.imag)
 def imag_inverse(base, new):
     return lax.complex(jnp.real(base), new.astype(jnp.imag(base).dtype))
 
@@ -329,7 +334,7 @@ def view_as_real_inverse(base, new):
     return lax.complex(new[..., 0], new[..., 1]).astype(base.dtype)
 
 
-@inverse(aten._conj)
+@inverse(aten._conj, prims.conj)
 def conj_inverse(base, new):
     return jnp.conj(new).astype(base.dtype)
 
