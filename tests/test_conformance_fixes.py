@@ -146,3 +146,23 @@ def test_prims_real_imag_conj_broadcast_in_dim(mode):
     p.real(t).mul_(2)
     p.imag(t).add_(1)
     assert_close(t, torch.complex(x.real * 2, x.imag + 1))
+
+
+FP8 = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("dt", FP8, ids=str)
+def test_float8_conversions_bit_for_bit(mode, dt):
+    """float8 dtypes (fnuz too: refused before) from every float dtype, overflow and
+    infinities included (``float8_e4m3fn`` saturates at 448 in PyTorch; XLA's convert gave
+    NaN), and through ``index_select``."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(200, generator=g) * 50, torch.tensor(
+        [0., -0., float("inf"), float("-inf"), 1e-9, 500., 1e5, -1e5, 240., 57344., 448., 465.])])
+    for src in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        xs = x.to(src)
+        assert torch.equal(xs.to("tpu").to(dt).cpu().view(torch.uint8), xs.to(dt).view(torch.uint8)), src
+    f8 = x.to(dt)
+    i = torch.tensor([3, 0, 7])
+    got = torch.index_select(f8.to("tpu"), 0, i.to("tpu")).cpu()
+    assert got.dtype == dt and torch.equal(got.view(torch.uint8), torch.index_select(f8, 0, i).view(torch.uint8))

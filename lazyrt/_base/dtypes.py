@@ -24,7 +24,15 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.complex128: jnp.dtype(jnp.complex128),
     torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: jnp.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: jnp.dtype(ml_dtypes.float8_e5m2fnuz),
 }
+# dtypes numpy lacks, moved between torch and numpy as their bits: (unsigned of that width
+# in numpy, in torch)
+_BITS = {torch.bfloat16: (np.uint16, torch.uint16), torch.float8_e4m3fn: (np.uint8, torch.uint8),
+         torch.float8_e5m2: (np.uint8, torch.uint8), torch.float8_e4m3fnuz: (np.uint8, torch.uint8),
+         torch.float8_e5m2fnuz: (np.uint8, torch.uint8)}
+_BITS_OF_NUMPY = {TORCH_TO_JAX[t]: (t, *b) for t, b in _BITS.items()}
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
@@ -41,13 +49,9 @@ def to_torch(dtype) -> torch.dtype:
 
 def numpy_to_torch(a: np.ndarray) -> torch.Tensor:
     """Host numpy array (possibly bfloat16/float8) to a CPU torch tensor (copying)."""
-    dt = a.dtype
-    if dt == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.array(a, copy=True).view(np.uint16).copy()).view(torch.bfloat16)
-    if dt == ml_dtypes.float8_e4m3fn:
-        return torch.from_numpy(np.array(a, copy=True).view(np.uint8).copy()).view(torch.float8_e4m3fn)
-    if dt == ml_dtypes.float8_e5m2:
-        return torch.from_numpy(np.array(a, copy=True).view(np.uint8).copy()).view(torch.float8_e5m2)
+    bits = _BITS_OF_NUMPY.get(a.dtype)
+    if bits is not None:
+        return torch.from_numpy(np.array(a, copy=True).view(bits[1]).copy()).view(bits[0])
     return torch.from_numpy(np.array(a, copy=True))
 
 
@@ -58,10 +62,7 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
-    if t.dtype == torch.float8_e4m3fn:
-        return t.contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
-    if t.dtype == torch.float8_e5m2:
-        return t.contiguous().view(torch.uint8).numpy().view(ml_dtypes.float8_e5m2)
+    bits = _BITS.get(t.dtype)
+    if bits is not None:
+        return t.contiguous().view(bits[1]).numpy().view(TORCH_TO_JAX[t.dtype])
     return t.numpy()

@@ -15,6 +15,9 @@ def _arr(x):
     return x if hasattr(x, "dtype") else jnp.asarray(x)
 
 
+_E4M3FN = jnp.dtype(jnp.float8_e4m3fn)
+
+
 def bool_to(x, dt):
     """A bool array as dtype ``dt``. NOTE: through uint8 when ``dt`` is inexact: XLA's
     simplifier rewrites ``convert(pred) * y`` and ``convert(pred) / y`` into
@@ -736,6 +739,9 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
             self = jnp.real(self)
         if self.dtype == jnp.bool_:
             return bool_to(self, jd)
+        if jd == _E4M3FN and jnp.issubdtype(self.dtype, jnp.floating):
+            # PyTorch saturates to +-448 (inf too); XLA's convert gives NaN
+            self = jnp.clip(self, -448, 448)
         return self.astype(jd)
     return self
 
