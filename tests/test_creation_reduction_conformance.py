@@ -156,3 +156,17 @@ def test_arange_bound_errors(mode, args):
 def test_arange_values(mode):
     for args in [(5,), (1, 10, 0.3), (0.6, 0.89, 0.1), (10, -1, -1), (-4.0, 4.0, 0.01), (True,)]:
         assert_close(torch.arange(*args, device="tpu"), torch.arange(*args))
+
+
+def test_linspace_logspace_complex_endpoint_with_real_dtype(mode):
+    """ATen's error and message (``torch.linspace(): inferred dtype ...``), which PyTorch's
+    own test matches by its prefix."""
+    for fn in (torch.linspace, torch.logspace):
+        for a, b in ((0, 1j), (0j, 1), (0j, 1j)):
+            for dt in (torch.float32, torch.float64):
+                with pytest.raises(RuntimeError) as cpu:
+                    fn(a, b, 5, dtype=dt)
+                with pytest.raises(RuntimeError) as tpu:
+                    fn(a, b, 5, dtype=dt, device="tpu")
+                assert str(tpu.value) == str(cpu.value)
+        assert_close(fn(0j, 1j, 3, device="tpu"), fn(0j, 1j, 3))

@@ -88,6 +88,17 @@ def clamp_checked(e, args, kwargs):
     return (mutating if e.mut else functional)(e, args, kwargs)
 
 
+def linspace_checked(e, args, kwargs):
+    """``linspace``/``logspace`` with a complex endpoint and a real ``dtype``: ATen's
+    RuntimeError, with its ``torch.linspace():`` prefix (the Python ref's lacks it)."""
+    dtype = kwargs.get("dtype")
+    if dtype is not None and not dtype.is_complex and any(isinstance(a, complex) for a in args[:2]):
+        inferred = torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+        raise RuntimeError(f"torch.{e.packet}(): inferred dtype {_CXX_NAME[inferred]} can't be safely "
+                           f"cast to passed dtype {_scalar_type_name(dtype)}")
+    return functional(e, args, kwargs)
+
+
 def block_diag_checked(e, args, kwargs):
     """``block_diag``: ATen's checks and messages (the Python ref used as its decomposition
     words them differently), then the op."""
@@ -217,6 +228,8 @@ def special_handlers() -> dict:
         **dict.fromkeys(_NO_BACKEND, no_such_backend),
         **dict.fromkeys(_CLAMP, clamp_checked),
         aten.block_diag.default: block_diag_checked,
+        aten.linspace.default: linspace_checked,
+        aten.logspace.default: linspace_checked,
         aten.cat.out: cat_out_checked,
         **dict.fromkeys(_ARANGE, arange_checked),
         **dict.fromkeys(_ALL_ANY_OUT, all_any_out_checked),
