@@ -19,9 +19,9 @@ process that hangs past that (inside a C call) or dies is killed and restarted w
 tests it finished, so one test can never stop a run. ``--wall`` bounds a whole (file, mode)
 run; tests it leaves are reported as not run. Events are kept under ``--out`` (one
 JSON-lines file per file and mode); ``--reuse`` keeps finished runs there, ``--report-only``
-prints from them. ``--sample K`` runs on tpu every K-th of the tests that pass on CPU (sorted
-by name, so the same K picks the same tests), for files whose tpu run would take hours; the
-report then counts those tests only, and its CPU seconds are theirs.
+prints from them. ``--sample K`` runs every K-th test of the file (by name, so the same K
+picks the same tests) on CPU and on tpu, for files whose runs would take hours; the report
+then counts those tests only.
 """
 from __future__ import annotations
 
@@ -239,6 +239,24 @@ def report(rows: list[dict], out=print) -> None:
             out(f"- {g['count']} x {g['etype']}: {g['msg']}  (e.g. {g['example']})")
 
 
+def _sample(path: str, out: str, k: int, kexpr: str | None) -> str:
+    """A file of every ``k``-th test key of ``path`` (collected on the CPU, sorted by key: the
+    same ``k`` picks the same tests), for ``PT_SUITE_SELECT``; both targets run just those."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    select = os.path.join(out, f"{stem}.sample{k}.txt")
+    if os.path.exists(select):
+        return select
+    env = _env("cpu", out, "", "", 0.0, None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           "--collect-only", path] + (["-k", kexpr] if kexpr else [])
+    res = subprocess.run(cmd, cwd=os.path.dirname(path), env=env, capture_output=True, text=True)
+    ids = [line.split("::", 1)[1] for line in res.stdout.splitlines() if "::" in line]
+    keys = sorted({test_key(t) for t in ids})[::k]
+    with open(select, "w") as f:
+        f.write("".join(key + "\n" for key in keys))
+    return select
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perf.pytorch_suite", description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True, help="a PyTorch checkout (files under DIR/test or DIR)")
@@ -248,7 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wall", type=float, default=3600.0, help="seconds per (file, mode) run")
     ap.add_argument("--out", default="/tmp/pytorch_suite")
     ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k expression (a subset)")
-    ap.add_argument("--sample", type=int, default=1, help="run every K-th CPU-passing test on tpu")
+    ap.add_argument("--sample", type=int, default=1, help="run every K-th test (by name)")
     ap.add_argument("--reuse", action="store_true", help="keep finished runs found under --out")
     ap.add_argument("--report-only", action="store_true", help="print from the runs under --out")
     ap.add_argument("--json", default=None)
@@ -264,17 +282,13 @@ def main(argv=None) -> int:
             return 2
         path = os.path.abspath(path)
         reuse = "report" if args.report_only else args.reuse
+        select = None
+        if args.sample > 1:
+            select = _sample(path, args.out, args.sample, args.kexpr)
         print(f"{name}: cpu ...", flush=True)
         cpu = run_target(path, "cpu", args.out, timeout=args.timeout, wall=args.wall, kexpr=args.kexpr,
-                         reuse=reuse)
-        cpu_results, cpu_secs, select = cpu["results"], cpu["secs"], None
-        if args.sample > 1:
-            keys = sorted({test_key(t) for t, r in cpu_results.items() if r["outcome"] in PASSING})[::args.sample]
-            select = os.path.join(args.out, f"{os.path.splitext(name)[0]}.sample{args.sample}.txt")
-            with open(select, "w") as f:
-                f.write("".join(k + "\n" for k in keys))
-            cpu_results = {t: r for t, r in cpu_results.items() if test_key(t) in set(keys)}
-            cpu_secs = sum(r.get("secs", 0.0) for r in cpu_results.values())
+                         reuse=reuse, select=select)
+        cpu_results, cpu_secs = cpu["results"], cpu["secs"]
         for mode in modes:
             print(f"{name}: tpu {mode} ...", flush=True)
             tpu = run_target(path, mode, args.out, timeout=args.timeout, wall=args.wall, kexpr=args.kexpr,
