@@ -221,10 +221,7 @@ def _ints(t) -> bool:
     return all(type(x) is int for x in t)
 
 
-def meta_text(a) -> str | None:
-    """A stable text of what ``to_meta(a)`` hands a meta kernel (every tensor's spec, every
-    other value by type and value), or None where a value has no stable text: then the
-    meta kernel's result is not kept on disk (``_exec.diskcache.meta_specs``)."""
+def _meta_own(a):
     if isinstance(a, torch.Tensor):
         if isinstance(a, TpuTensor):
             shape, stride, dtype, off = a._spec
@@ -235,21 +232,18 @@ def meta_text(a) -> str | None:
         if not (_ints(shape) and _ints(stride) and type(off) is int):
             return None  # symbolic sizes
         return f"T{shape}{stride}{dtype}{off}"
-    tp = type(a)
-    if tp is list or tp is tuple:
-        parts = [meta_text(x) for x in a]
-        if any(p is None for p in parts):
-            return None
-        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
-    if tp is RuntimeInt:
+    if type(a) is RuntimeInt:
         return f"int:{int(a)}"
-    if tp in _SIG_SCALARS:
-        return f"{tp.__name__}:{a!r}"
-    if isinstance(a, _SIG_TORCH):
-        return f"{tp.__name__}:{a}"
     if isinstance(a, torch.Generator):
         return "G"
-    return None
+    return _OTHER
+
+
+def meta_text(a) -> str | None:
+    """A stable text of what ``to_meta(a)`` hands a meta kernel (every tensor's spec, every
+    other value by type and value), or None where a value has no stable text: then the
+    meta kernel's result is not kept on disk (``_exec.diskcache.meta_specs``)."""
+    return _stable_text(a, _meta_own)
 
 
 def spec_of_meta(m: torch.Tensor) -> tuple:
@@ -267,8 +261,35 @@ _SIG_SCALARS = (int, float, bool, str, type(None))
 _SIG_TORCH = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
-def _sig_of(a):
-    """A stable text of template value ``a``, or None where it has no stable text."""
+_OTHER = object()  # an ``own`` function's answer: not one of mine
+
+
+def _stable_text(a, own) -> str | None:
+    """A stable text of ``a``: ``own(a)`` where it answers (not ``_OTHER``), else Python
+    scalars, torch's dtype/device/layout/memory format, and lists, tuples and dicts of
+    those, by type and value; None where some part has no stable text."""
+    t = own(a)
+    if t is not _OTHER:
+        return t
+    tp = type(a)
+    if tp in _SIG_SCALARS:
+        return f"{tp.__name__}:{a!r}"
+    if isinstance(a, _SIG_TORCH):
+        return f"{tp.__name__}:{a}"
+    if tp is list or tp is tuple:
+        parts = [_stable_text(x, own) for x in a]
+        if any(p is None for p in parts):
+            return None
+        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
+    if tp is dict:
+        parts = {k: _stable_text(v, own) for k, v in a.items()}
+        if any(v is None for v in parts.values()):
+            return None
+        return "{" + ",".join(f"{k}={v}" for k, v in sorted(parts.items())) + "}"
+    return None
+
+
+def _sig_own(a):
     if a is TSLOT or a is FSLOT or a is ISLOT or a is GSLOT or a is _B1 or a is _B0:
         return a.name
     if type(a) is ViewSlot:
@@ -281,22 +302,13 @@ def _sig_of(a):
         return "view(" + ";".join(steps) + ")"
     if type(a) is SliceEnd:
         return f"end+{a.length}"
-    tp = type(a)
-    if tp in _SIG_SCALARS:
-        return f"{tp.__name__}:{a!r}"
-    if isinstance(a, _SIG_TORCH):
-        return f"{tp.__name__}:{a}"
-    if tp is list or tp is tuple:
-        parts = [_sig_of(x) for x in a]
-        if any(p is None for p in parts):
-            return None
-        return ("[" if tp is list else "(") + ",".join(parts) + ("]" if tp is list else ")")
-    if tp is dict:
-        parts = {k: _sig_of(v) for k, v in a.items()}
-        if any(v is None for v in parts.values()):
-            return None
-        return "{" + ",".join(f"{k}={v}" for k, v in sorted(parts.items())) + "}"
-    return None
+    return _OTHER
+
+
+def _sig_of(a):
+    """A stable text of template value ``a``, or None where it has no stable text."""
+    return _stable_text(a, _sig_own)
+
 
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
