@@ -20,7 +20,7 @@ def _mask(x):
 
 OPS = {
     "add": lambda x, k: x + k, "rsub": lambda x, k: k - x, "mul": lambda x, k: x * k,
-    "floordiv": lambda x, k: x // (k or 1),
+    "div": lambda x, k: x / (k or 1), "floordiv": lambda x, k: x // (k or 1),
     "rem": lambda x, k: x % (k or 1), "add_alpha": lambda x, k: torch.add(x, x, alpha=k),
     "fill_": lambda x, k: x.clone().fill_(k), "masked_fill": lambda x, k: x.masked_fill(_mask(x), k),
     "clamp": lambda x, k: torch.clamp(x, min=k), "eq": lambda x, k: x == k, "lt": lambda x, k: x < k,

@@ -19,11 +19,11 @@ _E4M3FN = jnp.dtype(jnp.float8_e4m3fn)
 
 
 def bool_to(x, dt):
-    """A bool array as dtype ``dt``. NOTE: through uint8 when ``dt`` is inexact: XLA's
-    simplifier rewrites ``convert(pred) * y`` and ``convert(pred) / y`` into
+    """Array ``x`` as dtype ``dt``; a bool one through uint8 when ``dt`` is inexact. NOTE:
+    XLA's simplifier rewrites ``convert(pred) * y`` and ``convert(pred) / y`` into
     ``select(pred, y, 0)`` / ``select(pred, 1 / y, 0)``, so ``False * inf`` and
     ``False / 0`` gave 0 where IEEE (and PyTorch) give NaN (jax 0.10.2, XLA:CPU)."""
-    if jnp.issubdtype(dt, jnp.inexact):
+    if x.dtype == jnp.bool_ and jnp.issubdtype(dt, jnp.inexact):
         return x.astype(jnp.uint8).astype(dt)
     return x.astype(dt)
 
