@@ -34,6 +34,18 @@ _BITS = {torch.bfloat16: (np.uint16, torch.uint16), torch.float8_e4m3fn: (np.uin
          torch.float8_e5m2fnuz: (np.uint8, torch.uint8)}
 _BITS_OF_NUMPY = {TORCH_TO_JAX[t]: (t, *b) for t, b in _BITS.items()}
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+# torch dtypes JAX lacks, held in a wider JAX dtype: their values are the wider type's,
+# rounded to theirs at every program output (``round_narrow``), as PyTorch computes them
+# (complex32 arithmetic is complex64's, each part rounded to float16).
+WIDENED: dict[torch.dtype, torch.dtype] = {torch.complex32: torch.complex64}
+TORCH_TO_JAX[torch.complex32] = TORCH_TO_JAX[torch.complex64]
+
+
+def round_narrow(x, dtype: torch.dtype):
+    """``x`` (a JAX value of ``dtype``'s wider type) rounded to ``dtype`` (in ``WIDENED``)."""
+    from jax import lax
+    f16, f32 = jnp.float16, jnp.float32
+    return lax.complex(jnp.real(x).astype(f16).astype(f32), jnp.imag(x).astype(f16).astype(f32))
 
 
 def to_jax(dtype: torch.dtype) -> np.dtype:
@@ -62,6 +74,8 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    if t.dtype in WIDENED:
+        t = t.to(WIDENED[t.dtype])
     bits = _BITS.get(t.dtype)
     if bits is not None:
         return t.contiguous().view(bits[1]).numpy().view(TORCH_TO_JAX[t.dtype])

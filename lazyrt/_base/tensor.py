@@ -35,11 +35,26 @@ from .device import DEVICE
 
 
 class Storage:
-    __slots__ = ("value", "version", "__weakref__")
+    """A tpu tensor's storage: its base's value (a ``jax.Array`` or a ``Pending``), a version
+    counter, and ``narrow``: the torch dtype of its elements where the value holds them in
+    a wider JAX dtype (``dtypes.WIDENED``: complex32 as complex64), else None."""
 
-    def __init__(self, value):
+    __slots__ = ("value", "version", "narrow", "__weakref__")
+
+    def __init__(self, value, narrow=None):
         self.value = value
         self.version = 0
+        self.narrow = narrow
+
+
+def storage_dtype(st: Storage) -> torch.dtype:
+    """The torch dtype of ``st``'s elements."""
+    from .dtypes import to_torch
+    return st.narrow or to_torch(st.value.dtype)
+
+
+def storage_itemsize(st: Storage) -> int:
+    return st.narrow.itemsize if st.narrow is not None else np.dtype(st.value.dtype).itemsize
 
 
 # ---- storage identity ------------------------------------------------------------------
@@ -62,8 +77,7 @@ _SWAP_DATA_PTR = compat.has("storage_swap_data_ptr")
 
 def storage_nbytes(st: Storage) -> int:
     """Bytes of the value ``st`` holds (its base tensor's elements)."""
-    v = st.value
-    return math.prod(v.shape) * np.dtype(v.dtype).itemsize
+    return math.prod(st.value.shape) * storage_itemsize(st)
 
 
 def storage_identity(st: Storage) -> tuple:

@@ -125,7 +125,7 @@ def new_tensor(v, spec: tuple | None = None) -> TpuTensor:
     """A fresh base tensor holding ``v`` (array or Pending); contiguous unless ``spec``."""
     if spec is None:
         spec = contiguous_spec(v.shape, _dtypes.to_torch(v.dtype))
-    st = Storage(v)
+    st = Storage(v, spec[2] if spec[2] in _dtypes.WIDENED else None)
     t = TpuTensor._wrap(spec, st)
     if type(v) is Pending:
         _defer.note_storage(st, None)
@@ -158,7 +158,8 @@ def from_cpu(c: torch.Tensor) -> TpuTensor:
 
 def to_cpu(t: TpuTensor) -> torch.Tensor:
     """The one device->host transfer (a sync point in defer mode)."""
-    return _dtypes.numpy_to_torch(to_host(concrete(t)))
+    c = _dtypes.numpy_to_torch(to_host(concrete(t)))
+    return c.to(t.dtype) if t.dtype in _dtypes.WIDENED else c
 
 
 def to_host(arr) -> np.ndarray:

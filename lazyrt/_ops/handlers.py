@@ -26,7 +26,13 @@ from .._base import dtypes as _dtypes
 from .._base import memory
 from .._base.config import config
 from .._base.metrics import COUNTERS
-from .._base.tensor import TpuTensor, contiguous_strides, storage_extent
+from .._base.tensor import (
+    TpuTensor,
+    contiguous_strides,
+    storage_dtype,
+    storage_extent,
+    storage_itemsize,
+)
 from .._exec import values as _values
 from .._exec.values import new_tensor, run, to_cpu, write
 from .._exec.views import PosChain, extend
@@ -194,8 +200,7 @@ def _check_storage_bounds(base, args, kwargs) -> None:
         return
     item = base.element_size()
     need = (storage_extent(size, stride) + off) * item
-    value = base._st.value
-    have = _append.storage_numel(base) * jnp.dtype(value.dtype).itemsize
+    have = _append.storage_numel(base) * storage_itemsize(base._st)
     if need > have:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {off}, "
@@ -302,7 +307,7 @@ def restride(t: TpuTensor, shape: tuple, stride: tuple) -> None:
     its writes. A storage too small grows into a new one: the old elements first, then
     zeros (other aliases keep the old storage)."""
     st = t._st
-    root_dtype = _dtypes.to_torch(st.value.dtype)
+    root_dtype = storage_dtype(st)
     if root_dtype != t.dtype:
         raise NotImplementedError(
             f"lazyrt: resizing a {t.dtype} view of a {root_dtype} storage is not supported")

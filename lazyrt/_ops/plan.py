@@ -25,6 +25,7 @@ from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import TpuTensor, contiguous_spec
 from .._exec import diskcache as _diskcache
+from . import narrow as _narrow
 from . import value_ints as _value_ints
 from .args import (
     GSLOT,
@@ -40,6 +41,8 @@ from .args import (
     view_key,
     walk,
 )
+
+_C32 = _narrow.C32  # complex32: its operands are rounded (``narrow.round_operands``)
 
 _X64 = jax.enable_x64
 _INSERT_LOCK = threading.Lock()
@@ -299,6 +302,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
     out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for s in layout.flat_specs)
+    narrow = tuple(s[2] if s[2] in _dtypes.WIDENED else None for s in layout.flat_specs)
 
     def raw(*flat):
         return layout.flatten(call(*flat))
@@ -309,10 +313,12 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
             raise RuntimeError(f"lazyrt: lowering of {e.name} returned {len(outs)} outputs, "
                                f"expected {len(out_avals)}")
         fixed = []
-        for o, (shape, dt) in zip(outs, out_avals):
+        for o, (shape, dt), nd in zip(outs, out_avals, narrow):
             o = jnp.asarray(o)
             if o.dtype != dt:
                 o = o.astype(dt)
+            if nd is not None:
+                o = _dtypes.round_narrow(o, nd)
             if o.shape != shape:
                 o = jnp.broadcast_to(o, shape)
             fixed.append(o)
@@ -384,13 +390,22 @@ def plan_for(e, args, kwargs):
         args, kwargs = _value_ints.convert(e, args, kwargs)
     # NOTE: ``walk`` inlined for tensor arguments (most of them): no call per argument.
     key = []
+    narrow = False
     for a in args:
         if type(a) is TpuTensor:
             vals.append(a._st.value)
             ch = a._chain
             key.append(a._spec if ch is None else view_key(a, ch, scal))
+            if a._spec[2] is _C32:
+                narrow = True
         else:
+            if type(a) is complex:
+                narrow = True
             key.append(walk(e, a, vals, scal, dyn))
+    if narrow:
+        rounded = _narrow.round_operands(args)
+        if rounded is not None:
+            return plan_for(e, rounded, kwargs)
     key = tuple(key)
     if kwargs:
         key = (key, tuple([(k, walk(e, v, vals, scal, dyn)) for k, v in kwargs.items()]))

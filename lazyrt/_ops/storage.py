@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._base import dtypes as _dtypes
-from .._base.tensor import TpuTensor, contiguous_spec, storage_at
+from .._base.tensor import TpuTensor, contiguous_spec, storage_at, storage_dtype
 from .args import to_meta
 from .handlers import restride
 
@@ -70,7 +69,7 @@ def _alias(storage, dtype, offset, size, stride) -> TpuTensor:
         raise NotImplementedError(f"lazyrt: a tpu storage slice at byte {skip} read as {dtype}")
     offset += skip // size1
     size, stride = tuple(size), tuple(stride)
-    root = TpuTensor._wrap(contiguous_spec(st.value.shape, _dtypes.to_torch(st.value.dtype)), st)
+    root = TpuTensor._wrap(contiguous_spec(st.value.shape, storage_dtype(st)), st)
     if root.dtype == dtype:
         return aten.as_strided.default(root, size, stride, offset)
     if len(size) == 1 and (stride == (1,) or size[0] <= 1):

@@ -276,6 +276,8 @@ def view_as_real(self):
 
 @lower(aten.view_as_complex.default)
 def view_as_complex(self):
+    if self.dtype == jnp.float16:  # complex32's parts (held as complex64: dtypes.WIDENED)
+        self = self.astype(jnp.float32)
     return lax.complex(self[..., 0], self[..., 1])
 
 
@@ -331,7 +333,13 @@ def imag_inverse(base, new):
 
 @inverse(aten.view_as_real)
 def view_as_real_inverse(base, new):
-    return lax.complex(new[..., 0], new[..., 1]).astype(base.dtype)
+    part = jnp.real(base).dtype  # complex32's float16 parts into its complex64 value
+    return lax.complex(new[..., 0].astype(part), new[..., 1].astype(part)).astype(base.dtype)
+
+
+@inverse(aten.view_as_complex)
+def view_as_complex_inverse(base, new):
+    return jnp.stack([jnp.real(new), jnp.imag(new)], axis=-1).astype(base.dtype)
 
 
 @inverse(aten._conj, prims.conj)
