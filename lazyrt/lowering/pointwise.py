@@ -778,6 +778,30 @@ def logit_backward(grad_output, self, eps=None):
 # ---- casts, copies, fills ---------------------------------------------------------------------
 
 
+# float -> integer conversion of values out of the target's range (and NaN): undefined in
+# C++, x86's on PyTorch's CPU (and NumPy's there): the value truncated to int32 (int64 for a
+# 64-bit target) where it fits, else that type's minimum, then wrapped to the target's bits
+# (-2.0 -> uint8 is 254, float32 max -> int16 is 0). XLA saturates instead (32767).
+_I32_VIA = {jnp.dtype(d) for d in (jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint16)}
+_I64_VIA = {jnp.dtype(d) for d in (jnp.int64, jnp.uint32)}
+
+
+def cast(x, jd):
+    """``x.astype(jd)`` with PyTorch CPU's conversions where they differ from XLA's."""
+    jd = jnp.dtype(jd)
+    if jnp.issubdtype(x.dtype, jnp.floating) and jd in _I32_VIA | _I64_VIA:
+        via = jnp.int32 if jd in _I32_VIA else jnp.int64
+        info = jnp.iinfo(via)
+        xf = x.astype(jnp.float64) if x.dtype != jnp.float64 and via == jnp.int64 else x.astype(
+            jnp.promote_types(x.dtype, jnp.float32))
+        ok = (xf > float(info.min) - 1) & (xf < -float(info.min))
+        i = jnp.where(ok, jnp.where(ok, xf, 0).astype(via), info.min)
+        return i.astype(jd)
+    if x.dtype == jnp.bool_:
+        return bool_to(x, jd)
+    return x.astype(jd)
+
+
 @lower(aten._to_copy.default)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
@@ -785,12 +809,10 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         jd = jdt(dtype)
         if jnp.iscomplexobj(self) and not jnp.issubdtype(jd, jnp.complexfloating):
             self = jnp.real(self)
-        if self.dtype == jnp.bool_:
-            return bool_to(self, jd)
         if jd == _E4M3FN and jnp.issubdtype(self.dtype, jnp.floating):
             # PyTorch saturates to +-448 (inf too); XLA's convert gives NaN
             self = jnp.clip(self, -448, 448)
-        return self.astype(jd)
+        return cast(self, jd)
     return self
 
 
@@ -813,7 +835,7 @@ def lift_fresh_copy(self):
 def copy(self, src, non_blocking=False):
     if jnp.iscomplexobj(src) and not jnp.iscomplexobj(self):
         src = jnp.real(src)
-    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+    return jnp.broadcast_to(cast(src, self.dtype), self.shape)
 
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
