@@ -75,7 +75,8 @@ C32_OPS = {
     "half_plus_complex": lambda x: x.real + (1.3 + 0.7j),
     "copy_into": lambda x: torch.empty(x.shape, dtype=C32, device=x.device).copy_(x.to(torch.complex64) * 1.001),
     "mul_out": lambda x: torch.mul(x, x, out=torch.empty_like(x)),
-    "view_as_real_write": lambda x: _write(x, lambda y: torch.view_as_real(y).add_(torch.ones(2, dtype=torch.float16, device=x.device))),
+    "view_as_real_write": lambda x: _write(
+        x, lambda y: torch.view_as_real(y).add_(torch.ones(2, dtype=torch.float16, device=x.device))),
     "real_write": lambda x: _write(x, lambda y: y.real.fill_(3.3)),
 }
 
@@ -142,3 +143,20 @@ def test_reduced_float_with_scalar(mode, dtype, name):
            "add": lambda a, b: a + 1.7, "sub": lambda a, b: a - 0.3}
     f = ops[name]
     assert_same(f(to_tpu(x), to_tpu(y)), f(x, y))
+
+
+def test_complex32_program_is_not_complex64s(mode):
+    """A complex32 op and the same op on complex64 have equal JAX avals (complex32 is held
+    as complex64): the persistent cache must not hand complex32's program (which rounds to
+    float16 parts) to complex64, nor the reverse."""
+    c = torch.randn(37, dtype=torch.complex64) * 3
+    for dt in (C32, torch.complex64, C32):
+        x = c.to(dt)
+        t = to_tpu(x)
+        # complex32 bit for bit; complex64 within its own tolerance (XLA's complex product
+        # may differ from the CPU's in the last bit), far tighter than a float16 rounding
+        check = assert_same if dt == C32 else torch.testing.assert_close
+        for f in (lambda v: v * v, lambda v: v + 1.3, lambda v: v.clone().fill_(0.1 + 0.7j)):
+            r = f(t)
+            assert r.dtype == dt
+            check(r.cpu(), f(x))

@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # patch -> the test (file::name) that asserts its behaviour
 ELSEWHERE = {
+    "dlpack_tpu": "test_creation_fixes.py::test_dlpack_capsule_of_a_tpu_tensor",
     "recompile_limit_hook": "test_compile_edges.py::test_recompile_limit_on_tpu_warns_with_its_cause",
     # fused FSDP2: one flush per step needs the rank-dependent shards flushed at fully_shard
     "fsdp_init": "test_distributed.py::test_ddp_fsdp2_dtensor_match_single_process",

@@ -198,6 +198,45 @@ def arange_checked(e, args, kwargs):
     return functional(e, args, kwargs)
 
 
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64,
+               torch.float64: torch.complex128}
+
+
+def complex_checked(e, args, kwargs):
+    """``torch.complex``/``torch.polar`` (and their ``out=``): ATen's
+    ``complex_check_dtype`` (the Python refs say "real must be floating point")."""
+    a, b = args[0], args[1]
+    if a.dtype not in _COMPLEX_OF or b.dtype not in _COMPLEX_OF:
+        raise RuntimeError(f"Expected both inputs to be Half, Float or Double tensors but got "
+                           f"{_scalar_type_name(a.dtype)} and {_scalar_type_name(b.dtype)}")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"Expected object of scalar type {_scalar_type_name(a.dtype)} but got "
+                           f"scalar type {_scalar_type_name(b.dtype)} for second argument")
+    out = kwargs.get("out")
+    if out is not None and out.dtype != _COMPLEX_OF[a.dtype]:
+        raise RuntimeError(f"Expected object of scalar type {_scalar_type_name(_COMPLEX_OF[a.dtype])} "
+                           f"but got scalar type {_scalar_type_name(out.dtype)} for argument 'out'")
+    return (mutating if e.mut else functional)(e, args, kwargs)
+
+
+def zeros_ones_out(e, args, kwargs):
+    """``torch.zeros(size, out=t)``/``ones``: ATen's ``zeros_out``/``ones_out``: ``t``
+    resized to ``size`` (``resize_``, no warning), then filled."""
+    out = kwargs["out"]
+    out.resize_(list(args[0]))
+    return out.zero_() if e.packet == "zeros" else out.fill_(1)
+
+
+def rand_out(e, args, kwargs):
+    """``torch.rand(size, out=t)``: ATen's ``rand_out``, ``t.resize_(size).uniform_(0, 1)``
+    (what ``randn(out=)`` is already: a composite of ``resize_`` and ``normal_``); the same
+    seed gives ``rand(size, dtype=t.dtype)``'s values."""
+    out, gen = kwargs["out"], kwargs.get("generator", args[1] if len(args) > 1 else None)
+    out.resize_(list(args[0]))
+    return out.uniform_(0, 1, generator=gen)
+
+
+_COMPLEX = [aten.complex.default, aten.complex.out, aten.polar.default, aten.polar.out]
 _ARANGE = [aten.arange.default, aten.arange.start, aten.arange.start_step]
 _ALL_ANY_OUT = [getattr(getattr(aten, n), ov) for n in ("all", "any")
                 for ov in ("out", "dims_out", "all_out") if hasattr(getattr(aten, n), ov)]
@@ -232,6 +271,11 @@ def special_handlers() -> dict:
         aten.logspace.default: linspace_checked,
         aten.cat.out: cat_out_checked,
         **dict.fromkeys(_ARANGE, arange_checked),
+        **dict.fromkeys(_COMPLEX, complex_checked),
+        aten.zeros.out: zeros_ones_out,
+        aten.rand.out: rand_out,
+        aten.rand.generator_out: rand_out,
+        aten.ones.out: zeros_ones_out,
         **dict.fromkeys(_ALL_ANY_OUT, all_any_out_checked),
         **dict.fromkeys(_RANGE_OUT, range_factory_out),
     }

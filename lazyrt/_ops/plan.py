@@ -333,7 +333,10 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     plan.resize = resize
     plan.in_avals = tuple((tuple(v.shape), jnp.dtype(v.dtype)) for v in vals)
     desc = static_desc(tpl_args, tpl_kwargs)
-    sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds, out_avals)
+    # NOTE: a complex32 output is a complex64 aval rounded at the end: its torch dtype is in
+    # the signature, or the disk cache served complex32's program (rounding) to complex64's
+    sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds,
+                    (out_avals, narrow) if any(narrow) else out_avals)
     # NOTE: a plan this lazyrt checked in an earlier process (same signature, source and
     # switches) is not traced again: the persistent cache keeps its verdict
     const = None if sig is None else _diskcache.plan_checked(sig)

@@ -29,7 +29,7 @@ from .._exec.values import (
 from . import append as _append
 from . import bounds as _bounds
 from . import checks as _checks
-from . import narrow as _narrow
+from . import narrow_views as _narrow_views
 from . import positions as _positions
 from . import storage as _storage
 from .handlers import functional, mutating
@@ -450,5 +450,5 @@ SPECIAL = {
     aten.roll.default: roll,
     **_checks.special_handlers(),
     **_storage.special_handlers(),
-    **_narrow.special_handlers(),
+    **_narrow_views.special_handlers(),
 }

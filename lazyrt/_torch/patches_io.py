@@ -281,5 +281,63 @@ def _jit_save_load() -> None:
     torch.jit.save, torch.jit.load = jit_save, jit_load
 
 
+def _dlpack_tpu() -> None:
+    """DLPack of tpu tensors (``torch.utils.dlpack.to_dlpack``/``from_dlpack``,
+    ``torch.asarray`` of a capsule): PyTorch's ``fromDLPack`` makes a plain tensor over
+    the tpu storage's address (``at::from_blob``), which no tpu kernel can read (its next
+    op failed: "Could not run 'aten::view' ... from the 'tpu' backend"). That tensor becomes
+    the tpu tensor aliasing the same storage (``_ops.storage.over_storage``), so the result
+    shares the original's storage and ``data_ptr`` as on other devices; ``asarray``'s other
+    arguments (``dtype``, ``copy``, ``requires_grad``) then apply to it. Export stamps the
+    tensor's storage identity first, so the capsule carries the address the import looks
+    up."""
+    import torch.utils.dlpack as dl
+
+    from .._base.tensor import _stamped_storage
+    from .._ops.storage import over_storage
+
+    def as_tpu(t):
+        if isinstance(t, torch.Tensor) and not isinstance(t, TpuTensor) and t.device.type == "tpu":
+            return over_storage(t)
+        return t
+
+    orig_to, orig_from, orig_asarray = dl.to_dlpack, dl.from_dlpack, torch.asarray
+
+    @functools.wraps(orig_to)
+    def to_dlpack(tensor):
+        if isinstance(tensor, TpuTensor):
+            _stamped_storage(tensor)
+        return orig_to(tensor)
+
+    @functools.wraps(orig_from)
+    def from_dlpack(ext_tensor, *args, **kwargs):
+        if isinstance(ext_tensor, TpuTensor):
+            _stamped_storage(ext_tensor)
+        return as_tpu(orig_from(ext_tensor, *args, **kwargs))
+
+    @functools.wraps(orig_asarray)
+    def asarray(obj, *args, **kwargs):
+        if type(obj).__name__ == "PyCapsule":
+            t = orig_asarray(obj)
+            if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                return orig_asarray(as_tpu(t), *args, **kwargs)
+            return orig_asarray(t, *args, **kwargs) if args or kwargs else t
+        return orig_asarray(obj, *args, **kwargs)
+
+    dl.to_dlpack, dl.from_dlpack = to_dlpack, from_dlpack
+    torch.to_dlpack = to_dlpack
+    torch.from_dlpack = from_dlpack
+    torch.asarray = asarray
+    # NOTE: ``with torch.device(d)`` gives ``device=d`` to the functions of this set, built
+    # from ``torch.asarray`` on its first use: the builtin the wrapper calls must stay in it
+    # whether it was built before this patch or after.
+    constructors = compat.api("torch.utils._device._device_constructors")
+    if constructors is None:
+        compat.skip("patch dlpack_tpu: asarray under torch.device",
+                    f"torch {compat.TORCH} has no torch.utils._device._device_constructors")
+    else:
+        constructors().add(orig_asarray)
+
+
 PATCHES = (_load_to_tpu, _rebuild_tpu_tensors_sharing, _tpu_storage_guards,
-           _jit_trace_untraced_dispatch, _jit_save_load)
+           _jit_trace_untraced_dispatch, _jit_save_load, _dlpack_tpu)

@@ -571,13 +571,13 @@ def angle(self):
 
 @lower(aten.complex.default)
 def complex_(real, imag):
-    real, imag = jnp.broadcast_arrays(real, imag)
+    real, imag = jnp.broadcast_arrays(opmath(real), opmath(imag))  # float16: complex32's parts
     return lax.complex(real, imag)
 
 
 @lower(aten.polar.default)
 def polar(abs, angle):
-    abs, angle = jnp.broadcast_arrays(abs, angle)
+    abs, angle = jnp.broadcast_arrays(opmath(abs), opmath(angle))
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 
 

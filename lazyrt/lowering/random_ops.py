@@ -2,10 +2,14 @@
 values differ from CPU's generator, distributions match."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import torch
 
 from ._registry import aten, lower
+from ._util import jdt
 
 
 def _rlower(*ops, **kw):
@@ -19,17 +23,29 @@ def _fdt(x):
 @_rlower(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
 def normal_t(mean, std=1.0, *, generator):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
-    return mean + std * jax.random.normal(generator, shape, jnp.float32)
+    dt = jnp.result_type(*[x for x in (mean, std) if hasattr(x, "dtype")])
+    return mean + std * jax.random.normal(generator, shape, _draw_dtype(dt))
 
 
 @_rlower(aten.normal.float_float)
 def normal_ff(mean, std, size, *, generator, dtype=None, **_):
-    return mean + std * jax.random.normal(generator, tuple(size), jnp.float32)
+    return mean + std * jax.random.normal(generator, tuple(size), _draw_dtype(dtype))
 
 
 @_rlower(aten.normal_functional.default)
 def normal_functional(self, mean=0.0, std=1.0, *, generator):
-    return mean + std * jax.random.normal(generator, self.shape, _fdt(self))
+    # as randn draws: randn(out=t) is t.normal_(), and the same seed gives the same values
+    return _normal(generator, self.shape, _draw_dtype(_fdt(self)), mean, std)
+
+
+def _normal(key, shape, dt, mean=0.0, std=1.0):
+    """``mean + std * N(0, 1)`` of ``shape``, drawn in ``dt``; complex as ATen's normal_ of a
+    complex tensor: its view_as_real's parts each ``mean + std/sqrt(2) * N(0, 1)``."""
+    if jnp.issubdtype(dt, jnp.complexfloating):
+        part = jnp.real(jnp.zeros((), dt)).dtype
+        pairs = mean + (std / math.sqrt(2)) * jax.random.normal(key, tuple(shape) + (2,), part)
+        return jax.lax.complex(pairs[..., 0], pairs[..., 1])
+    return mean + std * jax.random.normal(key, tuple(shape), dt)
 
 
 @_rlower(aten.uniform.default)
@@ -37,7 +53,7 @@ def uniform(self, from_=0.0, to=1.0, *, generator):
     if jnp.iscomplexobj(self):  # ATen: real and imaginary parts each uniform (view_as_real)
         part = jax.random.uniform(generator, self.shape + (2,), jnp.real(self).dtype, from_, to)
         return jax.lax.complex(part[..., 0], part[..., 1])
-    return jax.random.uniform(generator, self.shape, _fdt(self), from_, to)
+    return jax.random.uniform(generator, self.shape, _draw_dtype(_fdt(self)), from_, to)
 
 
 @_rlower(aten.bernoulli.default)
@@ -104,14 +120,31 @@ def random_from(self, from_, to, *, generator):
     return jax.random.randint(generator, self.shape, from_, to, jnp.int64)
 
 
+def _draw_dtype(dtype):
+    """The dtype ``rand``/``randn`` draw in: the result's (float64 with float64's bits,
+    complex with both parts drawn), float32 for the narrower floats (then rounded)."""
+    if dtype is None:
+        return jnp.dtype(jnp.float32)
+    jd = jnp.dtype(jdt(dtype)) if isinstance(dtype, torch.dtype) else jnp.dtype(dtype)
+    if jd.itemsize < 4 and jnp.issubdtype(jd, jnp.floating):
+        return jnp.dtype(jnp.float32)
+    if jd.itemsize < 8 and jnp.issubdtype(jd, jnp.complexfloating):  # complex32
+        return jnp.dtype(jnp.complex64)
+    return jd
+
+
 @_rlower(aten.rand.default, aten.rand.generator)
 def rand(size, *args, generator, dtype=None, **_):
-    return jax.random.uniform(generator, tuple(size), jnp.float32)
+    dt = _draw_dtype(dtype)
+    if jnp.issubdtype(dt, jnp.complexfloating):  # ATen: each part uniform in [0, 1)
+        part = jax.random.uniform(generator, tuple(size) + (2,), jnp.real(jnp.zeros((), dt)).dtype)
+        return jax.lax.complex(part[..., 0], part[..., 1])
+    return jax.random.uniform(generator, tuple(size), dt)
 
 
 @_rlower(aten.randn.default, aten.randn.generator)
 def randn(size, *args, generator, dtype=None, **_):
-    return jax.random.normal(generator, tuple(size), jnp.float32)
+    return _normal(generator, size, _draw_dtype(dtype))
 
 
 @_rlower(aten.randint.default, aten.randint.generator)
