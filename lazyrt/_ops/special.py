@@ -31,6 +31,7 @@ from . import bounds as _bounds
 from . import checks as _checks
 from . import narrow_views as _narrow_views
 from . import positions as _positions
+from . import random_checks as _random_checks
 from . import storage as _storage
 from .handlers import functional, mutating
 
@@ -451,4 +452,5 @@ SPECIAL = {
     **_checks.special_handlers(),
     **_storage.special_handlers(),
     **_narrow_views.special_handlers(),
+    **_random_checks.special_handlers(),
 }

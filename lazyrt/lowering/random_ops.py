@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from ._registry import aten, lower
@@ -48,12 +49,27 @@ def _normal(key, shape, dt, mean=0.0, std=1.0):
     return mean + std * jax.random.normal(key, tuple(shape), dt)
 
 
+def uniform_values(generator, shape, dtype, from_, to):
+    """ATen's CPU ``uniform_``: ``from``/``to`` cast to the dtype, ``digits`` random bits
+    scaled by ``2**-digits`` into [0, 1), then ``x * (to - from) + from`` in float32
+    (float64 for float64), cast to the dtype."""
+    name = jnp.dtype(dtype).name
+    digits = FP_DIGITS[name]
+    acc = jnp.float64 if name == "float64" else jnp.float32
+    lo = _to_fp(jnp.asarray(from_, jnp.float64), name).astype(acc)
+    hi = _to_fp(jnp.asarray(to, jnp.float64), name).astype(acc)
+    bits = jax.random.bits(generator, shape, jnp.uint64 if name == "float64" else jnp.uint32)
+    mask = (1 << digits) - 1
+    x = (bits & jnp.asarray(mask, bits.dtype)).astype(acc) * acc(1.0 / (1 << digits))
+    return (x * (hi - lo) + lo).astype(dtype)
+
+
 @_rlower(aten.uniform.default)
 def uniform(self, from_=0.0, to=1.0, *, generator):
     if jnp.iscomplexobj(self):  # ATen: real and imaginary parts each uniform (view_as_real)
-        part = jax.random.uniform(generator, self.shape + (2,), jnp.real(self).dtype, from_, to)
+        part = uniform_values(generator, self.shape + (2,), jnp.real(self).dtype, from_, to)
         return jax.lax.complex(part[..., 0], part[..., 1])
-    return jax.random.uniform(generator, self.shape, _draw_dtype(_fdt(self)), from_, to)
+    return uniform_values(generator, self.shape, _fdt(self), from_, to)
 
 
 @_rlower(aten.bernoulli.default)
@@ -92,32 +108,138 @@ def cauchy(self, median=0.0, sigma=1.0, *, generator):
     return median + sigma * jax.random.cauchy(generator, self.shape, _fdt(self))
 
 
-def _int_range(dtype):
-    if dtype == jnp.bool_:
-        return 0, 2
-    if jnp.issubdtype(dtype, jnp.integer):
-        info = jnp.iinfo(dtype)
-        return 0, int(info.max) + 1 if info.max < 2**62 else 2**62
-    return 0, 2 ** jnp.finfo(dtype).nmant + 1
+# ---- random_: ATen's DistributionTemplates.h (random_impl, random_from_to_impl) ---------
+# ``std::numeric_limits<T>::digits`` of the floating dtypes
+FP_DIGITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+# dtypes whose random_(from, to) draws 64 random bits for a range of 2**32 or more
+_WIDE = frozenset({"int64", "float64", "float32", "bfloat16"})
+
+
+def _to_fp(x, name):
+    """``static_cast<T>`` of a float64/int64 value as C++ does it: float16 and bfloat16
+    go through float (``c10::Half``/``c10::BFloat16`` are built from a float)."""
+    if name == "float64":
+        return x.astype(jnp.float64)
+    f32 = x.astype(jnp.float32)
+    return f32 if name == "float32" else f32.astype(jnp.dtype(name))
+
+
+def _wrap64(v: int) -> int:
+    return (v + 2 ** 63) % 2 ** 64 - 2 ** 63
+
+
+def round_trip(v: int, name: str) -> int:
+    """``static_cast<int64_t>(static_cast<T>(v))`` for an int64 ``v`` (wrapped as x86 does)
+    and a floating dtype ``name``; x86 gives INT64_MIN for a value an int64 cannot hold."""
+    with np.errstate(over="ignore"):  # float16's inf, as C++ casts it
+        f = float(_to_fp(np.asarray(_wrap64(v), np.int64), name).astype(np.float64))
+    if not math.isfinite(f) or not INT64_MIN <= f < 2 ** 63:
+        return INT64_MIN
+    return int(f)
+
+
+def _shift(v: int, digits: int) -> int | None:
+    """``1LL << (n - digits + 1)`` with ``n`` the top bit of ``std::abs(v)``; None where
+    ATen's loop would not end (``v`` INT64_MIN)."""
+    a = abs(_wrap64(v))
+    if a > INT64_MAX:
+        return None
+    return 1 << max(a.bit_length() - 1 - digits + 1, 0)
+
+
+def update_from(v: int, name: str) -> int:
+    """ATen's ``update_from<T>``: ``from`` moved right to where ``T`` holds it exactly."""
+    plus_1 = round_trip(v + 1, name)
+    if plus_1 < v:
+        sh = _shift(v + 1, FP_DIGITS[name])
+        if sh is not None:
+            v = _wrap64(plus_1 + sh)
+    return v
+
+
+def update_to(v: int, name: str) -> int:
+    """ATen's ``update_to<T>``: ``to`` moved left to where ``T`` holds ``to - 1`` exactly."""
+    minus_1 = round_trip(v - 1, name)
+    if minus_1 >= v:
+        sh = _shift(v - 1, FP_DIGITS[name])
+        if sh is not None:
+            v = _wrap64(minus_1 - sh)
+    return v
+
+
+def int_max(name: str) -> int:
+    return 1 if name == "bool" else int(np.iinfo(np.dtype(name)).max)
+
+
+def from_to_range(name: str, from_: int, to) -> tuple[int, int | None]:
+    """``(base, range)`` that ``random_from_to_impl`` hands its kernel (range None: the
+    full 64-bit range), ``from``/``to`` moved as it moves them (no checks here)."""
+    fp = name in FP_DIGITS
+    if to is not None:
+        if fp:
+            from_, to = update_from(from_, name), update_to(to, name)
+        return from_, (to - from_) % 2 ** 64
+    if from_ == INT64_MIN:
+        return from_, None
+    if fp:
+        to_inc = min(1 << FP_DIGITS[name], INT64_MAX)
+        from_ = update_from(from_, name)
+    else:
+        to_inc = int_max(name)
+    return from_, (to_inc - from_ + 1) % 2 ** 64
+
+
+def _cast_int64(v, dtype):
+    """``static_cast<T>`` of int64 values."""
+    name = jnp.dtype(dtype).name
+    if name in FP_DIGITS:
+        return _to_fp(v, name)
+    if name == "bool":
+        return v != 0
+    return v.astype(dtype)
+
+
+def random_values(generator, shape, dtype, base: int, rng):
+    """ATen's ``uniform_int_from_to_distribution``: ``(bits % range) + base`` in uint64,
+    as int64, cast to the dtype; 32 random bits unless the dtype is wide and the range
+    2**32 or more. ``rng`` None: all 64 bits as an int64 (``uniform_int_full_range``)."""
+    name = jnp.dtype(dtype).name
+    wide = rng is None or (rng >= 2 ** 32 and name in _WIDE)
+    bits = jax.random.bits(generator, shape, jnp.uint64 if wide else jnp.uint32).astype(jnp.uint64)
+    if rng is not None:
+        bits = bits % jnp.uint64(rng) + jnp.uint64(base % 2 ** 64)
+    return _cast_int64(jax.lax.bitcast_convert_type(bits, jnp.int64), dtype)
+
+
+def random_default_values(generator, shape, dtype):
+    """ATen's ``uniform_int_distribution`` (``random_()``): bool the low bit; int64
+    [0, 2**63 - 1]; other ints [0, max]; floating dtypes [0, 2**digits]. 64 random bits
+    for int64 and float64, 32 for the rest."""
+    name = jnp.dtype(dtype).name
+    wide = name in ("int64", "float64")
+    bits = jax.random.bits(generator, shape, jnp.uint64 if wide else jnp.uint32).astype(jnp.uint64)
+    if name == "bool":
+        return (bits & jnp.uint64(1)) != 0
+    mod = (1 << FP_DIGITS[name]) + 1 if name in FP_DIGITS else int_max(name) + 1
+    return _cast_int64((bits % jnp.uint64(mod)).astype(jnp.int64), dtype)
 
 
 @_rlower(aten.random.default)
 def random_(self, *, generator):
-    lo, hi = _int_range(self.dtype)
-    return jax.random.randint(generator, self.shape, lo, hi, jnp.int64)
+    return random_default_values(generator, self.shape, self.dtype)
 
 
 @_rlower(aten.random.to)
 def random_to(self, to, *, generator):
-    lo = 0
-    return jax.random.randint(generator, self.shape, lo, to, jnp.int64)
+    base, rng = from_to_range(jnp.dtype(self.dtype).name, 0, to)
+    return random_values(generator, self.shape, self.dtype, base, rng)
 
 
 @_rlower(getattr(aten.random, "from"))
-def random_from(self, from_, to, *, generator):
-    if to is None:
-        to = _int_range(self.dtype)[1]
-    return jax.random.randint(generator, self.shape, from_, to, jnp.int64)
+def random_from(self, from_, to=None, *, generator):
+    base, rng = from_to_range(jnp.dtype(self.dtype).name, from_, to)
+    return random_values(generator, self.shape, self.dtype, base, rng)
 
 
 def _draw_dtype(dtype):
@@ -135,11 +257,12 @@ def _draw_dtype(dtype):
 
 @_rlower(aten.rand.default, aten.rand.generator)
 def rand(size, *args, generator, dtype=None, **_):
-    dt = _draw_dtype(dtype)
-    if jnp.issubdtype(dt, jnp.complexfloating):  # ATen: each part uniform in [0, 1)
-        part = jax.random.uniform(generator, tuple(size) + (2,), jnp.real(jnp.zeros((), dt)).dtype)
+    # as uniform_ draws (rand(out=t) is t.uniform_(0, 1): the same seed, the same values)
+    jd = jnp.dtype(jnp.float32) if dtype is None else jnp.dtype(jdt(dtype))
+    if jnp.issubdtype(jd, jnp.complexfloating):  # ATen: each part uniform in [0, 1)
+        part = uniform_values(generator, tuple(size) + (2,), jnp.real(jnp.zeros((), jd)).dtype, 0.0, 1.0)
         return jax.lax.complex(part[..., 0], part[..., 1])
-    return jax.random.uniform(generator, tuple(size), dt)
+    return uniform_values(generator, tuple(size), jd, 0.0, 1.0)
 
 
 @_rlower(aten.randn.default, aten.randn.generator)
