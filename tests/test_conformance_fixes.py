@@ -166,3 +166,40 @@ def test_float8_conversions_bit_for_bit(mode, dt):
     i = torch.tensor([3, 0, 7])
     got = torch.index_select(f8.to("tpu"), 0, i.to("tpu")).cpu()
     assert got.dtype == dt and torch.equal(got.view(torch.uint8), torch.index_select(f8, 0, i).view(torch.uint8))
+
+
+# ---- in-place pointwise ops: the promoted result must cast to self (TensorIterator) --------
+
+_INPLACE = {
+    "xlogy_int8": lambda d: torch.ones(3, dtype=torch.int8, device=d).xlogy_(torch.ones(3, device=d)),
+    "mul_int8_by_float": lambda d: torch.ones(3, dtype=torch.int8, device=d).mul_(torch.ones(3, device=d)),
+    "add_float_scalar": lambda d: torch.ones(3, dtype=torch.int8, device=d).add_(1.5),
+    "mul_float_by_complex": lambda d: torch.ones(3, device=d).mul_(torch.ones(3, dtype=torch.complex64, device=d)),
+    "add_bool_by_long": lambda d: torch.ones(3, dtype=torch.bool, device=d).add_(
+        torch.ones(3, dtype=torch.long, device=d)),
+    "div_int": lambda d: torch.ones(3, dtype=torch.int32, device=d).div_(2),
+    "sqrt_int": lambda d: torch.ones(3, dtype=torch.int32, device=d).sqrt_(),
+    "heaviside_mixed": lambda d: torch.heaviside(torch.ones(3, device=d), torch.ones(3, dtype=torch.int32, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(_INPLACE))
+def test_inplace_result_cast_errors(mode, name):
+    with pytest.raises(RuntimeError) as cpu:
+        _INPLACE[name]("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        _INPLACE[name]("tpu")
+    assert str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("name", ["fill", "masked_fill", "add_double", "floor_divide", "eq", "half_by_double"])
+def test_inplace_that_casts_still_runs(mode, name):
+    f = {"fill": lambda d: torch.ones(3, dtype=torch.int64, device=d).fill_(2.5),
+         "masked_fill": lambda d: torch.ones(3, dtype=torch.int64, device=d).masked_fill_(
+             torch.ones(3, dtype=torch.bool, device=d), 2.5),
+         "add_double": lambda d: torch.ones(3, device=d).add_(torch.ones(3, dtype=torch.float64, device=d)),
+         "floor_divide": lambda d: torch.full((3,), 7, dtype=torch.int32, device=d).floor_divide_(2),
+         "eq": lambda d: torch.ones(3, dtype=torch.int32, device=d).eq_(2),
+         "half_by_double": lambda d: torch.ones(3, dtype=torch.float16, device=d).mul_(
+             torch.tensor(2.0, dtype=torch.float64, device=d))}[name]
+    assert_close(f("tpu"), f("cpu"), rtol=0, atol=0)

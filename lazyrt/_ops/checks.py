@@ -236,6 +236,15 @@ def rand_out(e, args, kwargs):
     return out.uniform_(0, 1, generator=gen)
 
 
+def heaviside_checked(e, args, kwargs):
+    """``heaviside``: ATen takes one dtype only (the Python ref promotes)."""
+    a, b = args[0], args[1]
+    if isinstance(b, torch.Tensor) and a.dtype != b.dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    return (mutating if e.mut else functional)(e, args, kwargs)
+
+
+_HEAVISIDE = [aten.heaviside.default, aten.heaviside.out, aten.heaviside_.default]
 _COMPLEX = [aten.complex.default, aten.complex.out, aten.polar.default, aten.polar.out]
 _ARANGE = [aten.arange.default, aten.arange.start, aten.arange.start_step]
 _ALL_ANY_OUT = [getattr(getattr(aten, n), ov) for n in ("all", "any")
@@ -273,6 +282,7 @@ def special_handlers() -> dict:
         **dict.fromkeys(_ARANGE, arange_checked),
         **dict.fromkeys(_COMPLEX, complex_checked),
         aten.zeros.out: zeros_ones_out,
+        **dict.fromkeys(_HEAVISIDE, heaviside_checked),
         aten.rand.out: rand_out,
         aten.rand.generator_out: rand_out,
         aten.ones.out: zeros_ones_out,

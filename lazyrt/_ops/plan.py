@@ -18,6 +18,7 @@ import warnings
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import torch
 
 from .._base import dtypes as _dtypes
 from .._base import rng as _rng
@@ -275,6 +276,30 @@ def _output_specs(e, args, kwargs, call, vals, scal):
     return fresh, kinds, resize, mut_specs
 
 
+def _inplace_cast_check(e, args, kwargs) -> None:
+    """An in-place pointwise op (``x.mul_(y)``): ATen's TensorIterator computes in the
+    promoted type of its operands and refuses a result its ``self`` cannot hold ("result
+    type Float can't be cast to the desired output type Char"); the meta kernels of the
+    in-place ops cast silently (int8 ``mul_`` by a float tensor ran) or word it otherwise.
+    Checked once per plan (a plan exists only for inputs that passed)."""
+    f = e.functional
+    if (f is None or not e.name.split(".")[-2].endswith("_") or not args
+            or torch.Tag.pointwise not in e.op.tags or not isinstance(args[0], torch.Tensor)):
+        return
+    try:
+        res = f(*to_meta(list(args)), **{k: to_meta(v) for k, v in kwargs.items()})
+    except Exception:  # the op's own checks raise at its plan, as before
+        return
+    if isinstance(res, torch.Tensor) and not torch.can_cast(res.dtype, args[0].dtype):
+        raise RuntimeError(f"result type {_type_name(res.dtype)} can't be cast to the desired "
+                           f"output type {_type_name(args[0].dtype)}")
+
+
+def _type_name(dtype) -> str:
+    """PyTorch's C++ name of a dtype (``Float``, ``Char``)."""
+    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
+
+
 def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Plan:
     dyn = not e.static_floats
     random = e.random
@@ -414,6 +439,7 @@ def plan_for(e, args, kwargs):
         key = (key, tuple([(k, walk(e, v, vals, scal, dyn)) for k, v in kwargs.items()]))
     plan = e.plans.get(key)
     if plan is None:
+        _inplace_cast_check(e, args, kwargs)
         plan = make_plan(e, args, kwargs, vals, scal)
         remember(e.plans, key, plan)
     if e.random:
