@@ -132,3 +132,41 @@ def test_asarray_under_default_device(mode):
         for x in (3, o, o.numpy()):
             r = torch.asarray(x)
             assert r.device.type == "tpu"
+
+
+@pytest.mark.parametrize("case", ["negative", "negative_out", "half", "float", "uint8"])
+def test_randperm_limits(mode, case):
+    f = {"negative": lambda d: torch.randperm(-1, device=d),
+         "negative_out": lambda d: torch.randperm(-1, out=torch.empty(0, dtype=torch.long, device=d)),
+         "half": lambda d: torch.randperm(2**11 + 2, out=torch.empty(0, dtype=torch.half, device=d)),
+         "float": lambda d: torch.randperm(2**24 + 2, dtype=torch.float, device=d),
+         "uint8": lambda d: torch.randperm(2**8 + 1, out=torch.empty(0, dtype=torch.uint8, device=d))}[case]
+    with pytest.raises(RuntimeError):
+        f("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        f("tpu")
+    if case != "uint8":  # (CPU words the uint8 case as scalar_tensor's overflow)
+        with pytest.raises(RuntimeError) as cpu:
+            f("cpu")
+        assert str(tpu.value) == str(cpu.value)
+
+
+def test_randperm_out(mode):
+    torch.manual_seed(3)
+    r = torch.randperm(10, dtype=torch.long, device="tpu")
+    torch.manual_seed(3)
+    o = torch.zeros((2, 5), dtype=torch.long, device="tpu").t()
+    torch.randperm(10, out=o)
+    assert o.shape == (10,)
+    assert torch.equal(o.cpu(), r.cpu())
+    assert torch.equal(r.cpu().sort().values, torch.arange(10))
+    e = torch.tensor(5, dtype=torch.float32, device="tpu")
+    torch.randperm(0, out=e)
+    assert e.numel() == 0
+
+
+@pytest.mark.parametrize("name", ["linspace", "logspace"])
+def test_one_step_complex_space(mode, name):
+    f = getattr(torch, name)
+    for kw in ({"dtype": torch.complex64}, {}):
+        assert_close(f(0.5 + 1j, 2 - 1j, 1, device="tpu", **kw), f(0.5 + 1j, 2 - 1j, 1, **kw))

@@ -236,6 +236,43 @@ def rand_out(e, args, kwargs):
     return out.uniform_(0, 1, generator=gen)
 
 
+_RANDPERM_LIMIT = {torch.float16: ((1 << 11) + 1, "2049 for Half"), torch.float32: ((1 << 24) + 1, "2^24+1 for Float"),
+                   torch.float64: ((1 << 53) + 1, "2^53+1 for Double")}
+
+
+def _randperm_check(n: int, dtype, out: bool = False) -> None:
+    """ATen's ``check_supported_max_int_with_precision``: n - 1 must fit the result's dtype
+    (and be exact in a float one)."""
+    if n < 0:  # (ATen's randperm makes its result, sized n, first; randperm.out checks)
+        raise RuntimeError(f"n must be non-negative, got{n}" if out else
+                           f"Trying to create tensor with negative dimension {n}: [{n}]")
+    if dtype in _RANDPERM_LIMIT:
+        lim, text = _RANDPERM_LIMIT[dtype]
+        if n > lim:
+            raise RuntimeError(f"n cannot be greater than {text} type.")
+    elif not dtype.is_floating_point and dtype != torch.bool and n - 1 > torch.iinfo(dtype).max:
+        raise RuntimeError(f"n is too large for result tensor type: '{_scalar_type_name(dtype)}'")
+
+
+def randperm_checked(e, args, kwargs):
+    _randperm_check(args[0], kwargs.get("dtype") or torch.int64)
+    return functional(e, args, kwargs)
+
+
+def randperm_out(e, args, kwargs):
+    """``torch.randperm(n, out=t)``: ``t`` resized to ``(n,)``, holding what ``randperm(n,
+    dtype=t.dtype)`` draws (ATen's ``randperm_out``)."""
+    out, n = kwargs["out"], args[0]
+    _randperm_check(n, out.dtype, out=True)
+    gen = kwargs.get("generator", args[1] if len(args) > 1 else None)
+    if gen is None:
+        r = aten.randperm.default(n, dtype=out.dtype, device=out.device)
+    else:
+        r = aten.randperm.generator(n, generator=gen, dtype=out.dtype, device=out.device)
+    out.resize_([n])
+    return out.copy_(r)
+
+
 def heaviside_checked(e, args, kwargs):
     """``heaviside``: ATen takes one dtype only (the Python ref promotes)."""
     a, b = args[0], args[1]
@@ -283,6 +320,10 @@ def special_handlers() -> dict:
         **dict.fromkeys(_COMPLEX, complex_checked),
         aten.zeros.out: zeros_ones_out,
         **dict.fromkeys(_HEAVISIDE, heaviside_checked),
+        aten.randperm.out: randperm_out,
+        aten.randperm.default: randperm_checked,
+        aten.randperm.generator: randperm_checked,
+        aten.randperm.generator_out: randperm_out,
         aten.rand.out: rand_out,
         aten.rand.generator_out: rand_out,
         aten.ones.out: zeros_ones_out,

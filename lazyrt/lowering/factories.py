@@ -79,7 +79,7 @@ def arange(*args, dtype=None, **_):
 def linspace(start, end, steps, *, dtype=None, **_):
     jd = _dt(dtype, jnp.float32)
     if steps == 1:
-        return jnp.full((1,), start, jnp.float64)
+        return jnp.full((1,), start, jnp.complex128 if isinstance(start, complex) else jnp.float64)
     step = (end - start) / (steps - 1)
     i = jnp.arange(steps, dtype=jnp.float64)
     half = steps // 2
