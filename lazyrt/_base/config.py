@@ -141,6 +141,9 @@ class Config:
     # defer: cut the pending trace into segments of this many ops, each launched
     # (asynchronously) when it fills, while recording goes on; 0 = one flush per sync point.
     fusion_window: int = 0
+    # defer: cut the pending trace where this many ops in a row repeat with a period of at
+    # most 4 ops (a Python loop of small ops: one segment program, compiled once); 0 = off.
+    loop_cut: int = 64
     # size of the LRU cache of compiled defer executables.
     cache_size: int = 1024
     # size of the LRU cache of compiled strict-mode executables (one per op signature).
@@ -185,6 +188,7 @@ class Config:
             mode=_env_mode(),
             max_pending_ops=_env_int("LAZYRT_MAX_PENDING_OPS", 10_000),
             fusion_window=_env_count("LAZYRT_FUSION_WINDOW", 0),
+            loop_cut=_env_count("LAZYRT_LOOP_CUT", 64),
             cache_size=_env_int("LAZYRT_CACHE_SIZE", 1024),
             strict_cache_size=_env_int("LAZYRT_STRICT_CACHE_SIZE", 4096),
             plan_cache_size=_env_int("LAZYRT_PLAN_CACHE_SIZE", 512),

@@ -11,6 +11,7 @@ import re
 
 from .._base.ir import Prog
 
+LOOP_PERIODS = 4  # the periods (in ops) of the loops ``defer`` cuts (``config.loop_cut``)
 _SHIFT = 20
 _MASK = (1 << _SHIFT) - 1
 
@@ -18,7 +19,7 @@ _MASK = (1 << _SHIFT) - 1
 class Trace:
     __slots__ = ("nodes", "refs", "leaves", "leaf_index", "leaf_avals", "scalars",
                  "storages", "overwritten", "declared", "done", "srcs", "cuttable",
-                 "__weakref__")
+                 "streaks", "__weakref__")
 
     def __init__(self):
         self.nodes: list[Prog] = []  # Prog per node
@@ -34,6 +35,8 @@ class Trace:
         self.done = False
         self.srcs: list = []  # user source line per node (when recorded)
         self.cuttable = True  # False once a fusion-window cut of it failed
+        # per period p = 1..LOOP_PERIODS: how many nodes in a row repeat the prog p back
+        self.streaks = [0] * LOOP_PERIODS
 
 
 def structure_hash(tr: Trace) -> int:
