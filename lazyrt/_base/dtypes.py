@@ -80,3 +80,16 @@ def torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     if bits is not None:
         return t.contiguous().view(bits[1]).numpy().view(TORCH_TO_JAX[t.dtype])
     return t.numpy()
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ name of a dtype in its messages: ``Float``, ``Long``, ``ComplexDouble``."""
+    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
+
+
+def check_result_cast(result: torch.dtype, out: torch.dtype) -> None:
+    """TensorIterator's rule for an op writing into ``out`` (``out=``, in-place): the result
+    dtype must cast to it, with PyTorch's message."""
+    if not torch.can_cast(result, out):
+        raise RuntimeError(f"result type {scalar_type_name(result)} can't be cast to the desired "
+                           f"output type {scalar_type_name(out)}")

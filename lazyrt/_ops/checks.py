@@ -7,8 +7,8 @@ import warnings
 
 import torch
 
+from .._base.dtypes import scalar_type_name as _scalar_type_name
 from .handlers import functional, mutating, restride, via_functional
-from .handlers import scalar_type_name as _scalar_type_name
 
 aten = torch.ops.aten
 

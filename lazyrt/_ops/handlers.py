@@ -341,11 +341,6 @@ def missing(e, args, kwargs):
         f"on the CPU instead.")
 
 
-def scalar_type_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ name of a dtype in its messages: ``Float``, ``Long``, ``ComplexDouble``."""
-    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
-
-
 _OUT_DTYPE = (re.compile(r"Expected out tensor to have dtype torch\.(\w+) but got torch\.(\w+) instead"),
               re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), "))
 _BOOL_OUT_ONLY = {"aten::isposinf", "aten::isneginf"}
@@ -363,7 +358,5 @@ def out_dtype_as_cpu(e, args, kwargs, ex: RuntimeError):
     res, out = getattr(torch, m.group(1)), getattr(torch, m.group(2))
     if name in _BOOL_OUT_ONLY:
         raise RuntimeError(f"{name[len('aten::'):]} does not support non-boolean outputs.") from None
-    if not torch.can_cast(res, out):
-        raise RuntimeError(f"result type {scalar_type_name(res)} can't be cast to the desired "
-                           f"output type {scalar_type_name(out)}") from None
+    _dtypes.check_result_cast(res, out)
     return via_functional(e, args, kwargs)

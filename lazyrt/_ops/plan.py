@@ -283,21 +283,15 @@ def _inplace_cast_check(e, args, kwargs) -> None:
     in-place ops cast silently (int8 ``mul_`` by a float tensor ran) or word it otherwise.
     Checked once per plan (a plan exists only for inputs that passed)."""
     f = e.functional
-    if (f is None or not e.name.split(".")[-2].endswith("_") or not args
+    if (f is None or not e.packet.endswith("_") or not args
             or torch.Tag.pointwise not in e.op.tags or not isinstance(args[0], torch.Tensor)):
         return
     try:
         res = f(*to_meta(list(args)), **{k: to_meta(v) for k, v in kwargs.items()})
     except Exception:  # the op's own checks raise at its plan, as before
         return
-    if isinstance(res, torch.Tensor) and not torch.can_cast(res.dtype, args[0].dtype):
-        raise RuntimeError(f"result type {_type_name(res.dtype)} can't be cast to the desired "
-                           f"output type {_type_name(args[0].dtype)}")
-
-
-def _type_name(dtype) -> str:
-    """PyTorch's C++ name of a dtype (``Float``, ``Char``)."""
-    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
+    if isinstance(res, torch.Tensor):
+        _dtypes.check_result_cast(res.dtype, args[0].dtype)
 
 
 def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Plan:

@@ -10,10 +10,10 @@ import warnings
 
 import torch
 
+from .._base.dtypes import scalar_type_name as _scalar_type_name
 from .._base.source import is_library_file
 from ..lowering import random_ops as _r
 from .handlers import functional, mutating
-from .handlers import scalar_type_name as _scalar_type_name
 
 aten = torch.ops.aten
 
