@@ -399,9 +399,9 @@ def test_jit_trace_save_load(mode):
         loaded = torch.jit.load(b, map_location=loc)
         torch.testing.assert_close(loaded(x.to(loc)).cpu(), ref)
     b.seek(0)
-    # NOTE: with no map_location TorchScript rebuilds the saved device's tensors itself:
-    # lazyrt's error by name, or (seen in a full-suite run, cause not found yet) a module
-    # that computes CPU's values; never anything else.
+    # NOTE: with no map_location an archive saved on tpu loads onto tpu (lazyrt reads the
+    # archive's storage locations; TorchScript's own C++ rebuild of tpu tensors failed
+    # depending on what ran before): lazyrt's error by name, or a module computing CPU's values.
     try:
         loaded = torch.jit.load(b)
     except RuntimeError as e:

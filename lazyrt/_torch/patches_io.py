@@ -264,7 +264,7 @@ def _jit_save_load() -> None:
 
     @functools.wraps(load)
     def jit_load(f, map_location=None, *args, **kwargs):
-        if _is_tpu_location(map_location):
+        if _is_tpu_location(map_location) or (map_location is None and _saved_on_tpu(f)):
             return _script_to_tpu(load(f, "cpu", *args, **kwargs))
         try:
             return load(f, map_location, *args, **kwargs)
@@ -279,6 +279,26 @@ def _jit_save_load() -> None:
 
     js.save, js.load = jit_save, jit_load
     torch.jit.save, torch.jit.load = jit_save, jit_load
+
+
+def _saved_on_tpu(f) -> bool:
+    """Whether a TorchScript archive (a path or a seekable file) holds tensors saved on tpu
+    (its pickles name their storages' locations): then a load with no ``map_location``
+    rebuilds them on tpu as ``map_location="tpu"`` does; TorchScript's own rebuild of a tpu
+    tensor in C++ raised, or (depending on what ran before in the process) made a module
+    that failed when run. False where it cannot tell."""
+    import zipfile
+
+    try:
+        pos = f.tell() if hasattr(f, "read") else None
+        try:
+            with zipfile.ZipFile(f) as z:
+                return any(b"tpu" in z.read(n) for n in z.namelist() if n.endswith(".pkl"))
+        finally:
+            if pos is not None:
+                f.seek(pos)
+    except Exception:
+        return False
 
 
 def _dlpack_tpu() -> None:
