@@ -2,6 +2,7 @@
 dtype promotion, RNG, errors at the op, device API, modes, printing."""
 from __future__ import annotations
 
+import gc
 import math
 import os
 import subprocess
@@ -515,6 +516,9 @@ def test_torch_accelerator_api(mode):
     """Device-generic code's ``torch.accelerator`` calls work with tpu as the accelerator."""
     acc = torch.accelerator
     assert acc.current_accelerator() == torch.device("tpu") and acc.device_count() == 1
+    # NOTE: earlier tests' tensors freed by a later collection would lower the count below
+    # ``before`` in the middle of this test
+    gc.collect()
     acc.reset_peak_memory_stats()
     before = acc.memory_allocated()
     x = torch.ones(1000, device="tpu") * 2

@@ -28,6 +28,7 @@ def aval_nbytes(shape, dtype) -> int:
 class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
+                 "host_seconds",
                  "direct", "donate", "sig")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
@@ -54,10 +55,12 @@ class Prog:
         # compiled (``_defer``: a graph whose surroundings keep changing is isolated)
         self.graph = False
         self.flush_misses = 0
-        # a const prog made on the host (``_exec.consts``): its jaxpr (None: not traced
-        # yet, False: compiled instead) and how often it was made there
+        # a prog made on the host (``_exec.consts``): its jaxpr (None: not traced yet,
+        # False: compiled instead) and how often it was made there
         self.host = None
         self.host_calls = 0
+        # time its runs on the host took (a program that reads inputs: ``_exec.consts``)
+        self.host_seconds = 0.0
         # positions of array inputs the executable may reuse (``jax_op``'s ``donate``)
         self.donate = ()
         # what the program is, in lazyrt's own terms (op, static arguments, avals: a plan's

@@ -63,6 +63,8 @@ _ZERO = {
     "tier_dropped": 0,
     # constants made on the host instead of by a compiled program (``_exec.consts``)
     "host_constants": 0,
+    # programs run on the host on their first calls (CPU platform, ``_exec.consts``)
+    "host_runs": 0,
     # explicit transfers of runtime scalars (``_exec.scalars``): one per strict op whose
     # scalars held a value not on the device yet, one per flush whose scalars changed
     "scalar_transfers": 0,

@@ -18,138 +18,38 @@ outputs go is GSPMD's choice.
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import jax.extend.core as jcore
 import numpy as np
 
-from .._base import dtypes as _dtypes  # noqa: F401  (numpy knows bfloat16 through it)
 from .._base.platform import on_cpu
+from .hosteval import DATA, evaluate_jaxpr
 
 DEVICE_CALLS = 8
+# On the CPU platform, a program that reads its inputs is evaluated here until its runs
+# here have taken ``COLD_SECONDS`` (then it is compiled: the rent paid, buy), if its
+# inputs hold at most ``COLD_ELEMENTS`` elements. A small program's lowering and compile
+# take 40-80 ms on the 2-core machine (cProfile of PyTorch's test_view_ops on tpu: 3,894
+# programs, 18 ms lowering and 59 ms XLA compile each): a program run once or a few
+# times, as a new shape's or a test's, never pays it, and one run often is compiled
+# after a few hundred calls. ``LAZYRT_HOST_EVAL=0`` turns this off (constants are still
+# made here).
+COLD_SECONDS = 0.03
+COLD_ELEMENTS = 1 << 20
+COLD_ENABLED = os.environ.get("LAZYRT_HOST_EVAL", "1") != "0"
+# (name, input dtypes, output dtypes) of programs hosteval refused: not traced again
+_REFUSED: set = set()
 # ``LAZYRT_HOST_CONSTANTS=0`` turns it off (every constant is compiled, as any program).
 ENABLED = os.environ.get("LAZYRT_HOST_CONSTANTS", "1") != "0"
 
 
-def _literal(v):
-    return np.asarray(v.val) if type(v) is jcore.Literal else None
-
-
-def _int(dt) -> bool:
-    return np.issubdtype(dt, np.integer) or dt == np.bool_
-
-
-_NARROW_FLOATS = (np.dtype(jax.numpy.bfloat16), np.dtype(np.float16))
-
-
-def _convert(x, p):
-    """``x.astype`` where numpy rounds exactly as XLA does; None elsewhere."""
-    new, old = np.dtype(p["new_dtype"]), x.dtype
-    if old == np.bool_ or old == new:
-        return x.astype(new)
-    if np.issubdtype(old, np.floating):
-        # float -> int/bool: XLA's rounding and saturation are not numpy's; float64 ->
-        # bfloat16/float16 may round twice in numpy (through float32)
-        if not np.issubdtype(new, np.floating) or (new in _NARROW_FLOATS and old.itemsize > 4):
-            return None
-        return x.astype(new)
-    if np.issubdtype(old, np.integer):
-        if new in _NARROW_FLOATS:  # may round twice in numpy
-            return None
-        return x.astype(new)  # integers wrap, and round to nearest even, as in XLA
-    return None
-
-
-def _broadcast(x, p):
-    shape, dims = tuple(p["shape"]), tuple(p["broadcast_dimensions"])
-    expanded = [1] * len(shape)
-    for i, d in enumerate(dims):
-        expanded[d] = x.shape[i]
-    return np.broadcast_to(x.reshape(expanded), shape)
-
-
-def _iota(p):
-    shape, dim = tuple(p["shape"]), p["dimension"]
-    r = np.arange(shape[dim], dtype=np.dtype(p["dtype"]))
-    view = [1] * len(shape)
-    view[dim] = shape[dim]
-    return np.broadcast_to(r.reshape(view), shape)
-
-
-def _int_binop(f):
-    def op(a, b, p):
-        if not (_int(a.dtype) and _int(b.dtype)):
-            return None
-        return f(a, b).astype(np.result_type(a, b))
-    return op
-
-
-_BINOPS = {
-    "add": _int_binop(np.add), "sub": _int_binop(np.subtract), "mul": _int_binop(np.multiply),
-    "max": _int_binop(np.maximum), "min": _int_binop(np.minimum),
-    "and": _int_binop(np.bitwise_and), "or": _int_binop(np.bitwise_or),
-    "eq": lambda a, b, p: np.equal(a, b), "ne": lambda a, b, p: np.not_equal(a, b),
-    "lt": lambda a, b, p: np.less(a, b), "le": lambda a, b, p: np.less_equal(a, b),
-    "gt": lambda a, b, p: np.greater(a, b), "ge": lambda a, b, p: np.greater_equal(a, b),
-}
-
-
-def _eval(jaxpr, consts, args):
-    """Evaluate ``jaxpr`` on numpy ``args``; None if a primitive is not supported."""
-    env = {}
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = np.asarray(c)
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-
-    def read(v):
-        lit = _literal(v)
-        return lit if lit is not None else env[v]
-
-    for eqn in jaxpr.eqns:
-        name, p = eqn.primitive.name, eqn.params
-        ins = [read(v) for v in eqn.invars]
-        if name in ("pjit", "jit", "closed_call"):
-            inner = p.get("jaxpr") or p.get("call_jaxpr")
-            out = _eval(inner.jaxpr, inner.consts, ins)
-            if out is None:
-                return None
-        elif name == "broadcast_in_dim":
-            out = [_broadcast(ins[0], p)]
-        elif name == "iota":
-            out = [_iota(p)]
-        elif name == "convert_element_type":
-            r = _convert(ins[0], p)
-            if r is None:
-                return None
-            out = [r]
-        elif name == "reshape":
-            out = [np.reshape(ins[0], tuple(p["new_sizes"]))]
-        elif name == "squeeze":
-            out = [np.squeeze(ins[0], axis=tuple(p["dimensions"]))]
-        elif name == "expand_dims":
-            out = [np.expand_dims(ins[0], tuple(p["dimensions"]))]
-        elif name == "copy" or name == "copy_p":
-            out = [ins[0]]
-        elif name == "select_n":
-            pred, *cases = ins
-            out = [np.choose(pred.astype(np.intp), cases) if cases else None]
-        elif name in _BINOPS:
-            r = _BINOPS[name](ins[0], ins[1], p)
-            if r is None:
-                return None
-            out = [r]
-        else:
-            return None
-        for v, o in zip(eqn.outvars, out):
-            env[v] = np.asarray(o, dtype=v.aval.dtype)
-    return [read(v) for v in jaxpr.outvars]
-
-
 def evaluate(prog, arrays: list, scalars: list):
     """``prog``'s outputs made on the host and transferred (jax.Arrays), or None when it
-    is to be compiled instead: not a constant, not supported, or called often on an
-    accelerator."""
+    is to be compiled instead: not supported (``hosteval``), a constant called often on an
+    accelerator, or a program that reads its inputs anywhere but on the CPU platform, or
+    once its host runs have taken ``COLD_SECONDS``."""
     host = prog.host
     if host is False or not ENABLED:
         return None
@@ -159,27 +59,50 @@ def evaluate(prog, arrays: list, scalars: list):
         if len(devs) != 1:  # a program over a mesh: its outputs' placement is GSPMD's choice
             return None
         dev = next(iter(devs))
+    cpu = on_cpu()
+    if not prog.const and (not cpu or not COLD_ENABLED or prog.host_seconds >= COLD_SECONDS
+                           or sum(a.size for a in arrays) > COLD_ELEMENTS):
+        return None
+    t0 = time.perf_counter()
     prog.host_calls += 1
-    if prog.host_calls > DEVICE_CALLS and not on_cpu():
+    if prog.host_calls > DEVICE_CALLS and not cpu:
         return None
     if host is None:
+        key = (prog.name, tuple(a.dtype for a in arrays), tuple(d for _, d in prog.out_avals))
+        if key in _REFUSED:
+            prog.host = False
+            return None
         try:
             with jax.enable_x64(True):
                 host = jax.make_jaxpr(prog.fn)(
                     *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays], *scalars)
         except Exception:  # not traceable on its own: compile it as any program
             host = False
-        if host is not False and _used(host.jaxpr) & set(host.jaxpr.invars[:len(arrays)]):
+        if (host is not False and prog.const
+                and _used(host.jaxpr) & set(host.jaxpr.invars[:len(arrays)])):
             host = False  # reads an input's value after all
         prog.host = host
         if host is False:
+            _REFUSED.add(key)
             return None
-    outs = _eval(host.jaxpr, host.consts, [None] * len(arrays) + [np.asarray(s) for s in scalars])
+    try:
+        ins = [None] * len(arrays) if prog.const else [np.asarray(a) for a in arrays]
+    except Exception:  # a deleted (donated) array: the compiled call raises what JAX raises
+        return None
+    ins += [np.asarray(s, dtype=v.aval.dtype)
+            for s, v in zip(scalars, host.jaxpr.invars[len(arrays):])]
+    outs = evaluate_jaxpr(host.jaxpr, host.consts, ins)
     if outs is None:
         prog.host = False
+        _REFUSED.add((prog.name, tuple(a.dtype for a in arrays),
+                      tuple(d for _, d in prog.out_avals)))
+        return None
+    if outs is DATA:  # this call's values (a denormal, an empty reduction): compile
         return None
     with jax.enable_x64(True):
-        return [jax.device_put(np.array(o, order="C"), dev) for o in outs]
+        outs = [jax.device_put(np.array(o, order="C"), dev) for o in outs]
+    prog.host_seconds += time.perf_counter() - t0
+    return outs
 
 
 def _used(jaxpr) -> set:

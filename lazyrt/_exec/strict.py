@@ -217,8 +217,12 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
     """``run`` with everything: compiling on a miss, timing, the log record, debug checks."""
     exe, mem = prog.exe, prog.mem
     compile_s = 0.0
+    if log is None:
+        log = _LOG_STRICT[0]
     if exe is None or mem is None:
-        if prog.const and (outs := _consts.evaluate(prog, arrays, scalars)) is not None:
+        # NOTE: a logged run (lazyrt-mem's record) is a compiled one: its record holds the
+        # executable's memory analysis
+        if (prog.const or not log) and (outs := _consts.evaluate(prog, arrays, scalars)) is not None:
             return _made_on_host(prog, arrays, scalars, outs)
         exe, mem, compile_s = _compile(prog, arrays, scalars)
     else:
@@ -240,8 +244,6 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
     COUNTERS["executions"] += 1
     COUNTERS["execute_seconds"] += dt
     memory.track_outputs(outs, prog.out_nbytes)
-    if log is None:
-        log = _LOG_STRICT[0]
     if log:
         memory.record_execution(
             mode="strict", name=prog.name, trace_hash=f"{prog.uid:x}", num_ops=1,
@@ -257,8 +259,8 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
 
 
 def _made_on_host(prog: Prog, arrays, scalars, outs) -> list:
-    """A constant made by ``_consts`` instead of a compiled program: tracked as any output."""
-    COUNTERS["host_constants"] += 1
+    """Outputs made by ``_consts`` instead of a compiled program: tracked as any output."""
+    COUNTERS["host_constants" if prog.const else "host_runs"] += 1
     for o, nb in zip(outs, prog.out_nbytes):
         memory.track(o, nb)
     if config.mode == "debug":
