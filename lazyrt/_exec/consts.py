@@ -28,15 +28,18 @@ from .._base.platform import on_cpu
 from .hosteval import DATA, evaluate_jaxpr
 
 DEVICE_CALLS = 8
-# On the CPU platform, a program that reads its inputs is evaluated here until its runs
-# here have taken ``COLD_SECONDS`` (then it is compiled: the rent paid, buy), if its
-# inputs hold at most ``COLD_ELEMENTS`` elements. A small program's lowering and compile
-# take 40-80 ms on the 2-core machine (cProfile of PyTorch's test_view_ops on tpu: 3,894
-# programs, 18 ms lowering and 59 ms XLA compile each): a program run once or a few
-# times, as a new shape's or a test's, never pays it, and one run often is compiled
-# after a few hundred calls. ``LAZYRT_HOST_EVAL=0`` turns this off (constants are still
-# made here).
+# On the CPU platform, a program that reads its inputs is evaluated here on its first
+# ``COLD_CALLS`` calls, until its runs here have taken ``COLD_SECONDS``, if its inputs hold
+# at most ``COLD_ELEMENTS`` elements; then it is compiled. A small program's lowering and
+# compile take 40-80 ms on the 2-core machine (cProfile of PyTorch's test_view_ops on tpu:
+# 3,894 programs, 18 ms lowering and 59 ms XLA compile each), so a program run once or a
+# few times, as a new shape's or a test's, never pays it. The call bound keeps a training
+# step's programs compiled from its 5th step on (``python -m perf`` warms up 8 steps);
+# with no call bound, tests that loop would save more compiles (PyTorch's TestOldViewOps
+# on tpu, one side-by-side run: 139 s with no call bound against 212 s with 4).
+# ``LAZYRT_HOST_EVAL=0`` turns this off (constants are still made here).
 COLD_SECONDS = 0.03
+COLD_CALLS = 4
 COLD_ELEMENTS = 1 << 20
 COLD_ENABLED = os.environ.get("LAZYRT_HOST_EVAL", "1") != "0"
 # (name, input dtypes, output dtypes) of programs hosteval refused: not traced again
@@ -61,6 +64,7 @@ def evaluate(prog, arrays: list, scalars: list):
         dev = next(iter(devs))
     cpu = on_cpu()
     if not prog.const and (not cpu or not COLD_ENABLED or prog.host_seconds >= COLD_SECONDS
+                           or prog.host_calls >= COLD_CALLS
                            or sum(a.size for a in arrays) > COLD_ELEMENTS):
         return None
     t0 = time.perf_counter()
