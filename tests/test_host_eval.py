@@ -104,6 +104,10 @@ def test_comparisons_and_selects(dt):
         assert _check(f, a, b)
     assert _check(lambda x, y: jnp.where(x < y, x, y), a, b)
     assert _check(lambda x: x != x, a)  # isnan
+    if _float(np.dtype(dt)):
+        for f in (jnp.abs, jnp.negative, jnp.isfinite):
+            assert _check(f, a)
+            _check(f, _specials(dt, seed=3))  # denormals: refused, or XLA's values
     # a denormal read by a comparison: refused (XLA:CPU reads it as zero)
     d = _specials(dt, seed=3)
     if _float(np.dtype(dt)):

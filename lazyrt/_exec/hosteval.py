@@ -2,7 +2,7 @@
 
 Two users (``_exec.consts``): constants (a program that reads no input's value) on every
 platform, and the first calls of any program on the CPU platform, where a compile of
-20-60 ms would run a program once or twice (a new shape, a test's comparison). The
+40-80 ms would run a program once or twice (a new shape, a test's comparison). The
 evaluation gives what the compiled program gives, bit for bit, or nothing at all:
 ``evaluate`` returns None for anything it cannot vouch for, and the program is compiled.
 
@@ -11,20 +11,22 @@ What XLA:CPU does that numpy does not, and how each is kept out:
 * Denormals: compiled code runs with flush-to-zero and denormals-are-zero, so float
   arithmetic, comparisons and float-to-float conversions read a denormal as zero and
   write zero for one (``jit(lambda a: a > 0)(1e-40)`` is False). Any denormal among the
-  inputs or outputs of such an op: None.
+  inputs or outputs of such an op: ``DATA`` (these values are left to the compiled program).
 * Contraction and excess precision: the optimized program fuses ``a * b + c`` into one
   FMA and keeps float16/bfloat16 intermediates in float32. A program with more than one
-  rounding float op (add, sub, mul, div, a narrowing conversion after arithmetic): None.
+  rounding float op (add, sub, mul, div), or a float widened after one was narrowed: None.
 * Algebraic simplification of constants: XLA rewrites ``x + 0`` to ``x`` (``-0.0 + 0``
-  gives ``-0.0``, not IEEE's ``+0.0``). A float add or sub with an operand made only of
-  literals: None.
-* Integer division, remainders, shifts past the width, reductions of empty arrays, float
-  min/max (NaN and signed zeros), complex arithmetic, transcendental functions, gathers,
-  scatters and random bits: not evaluated (None).
+  gives ``-0.0``, not IEEE's ``+0.0``) and ``x / c`` to ``x * (1 / c)``. A float add, sub
+  or div with an operand made only of literals: None.
+* Signed integer division and remainders, float min/max (NaN and signed zeros), complex
+  arithmetic, transcendental functions, gathers, scatters, random keys other than
+  partitionable threefry: not evaluated (None). Reductions of empty integer arrays and
+  denormals: not for those values (``DATA``).
 
 Everything else here is data movement (reshapes, slices, transposes, bitcasts, selects,
-real/imag, stacking), comparisons, bool/integer arithmetic (wrapping, as XLA), exact
-conversions, and single roundings that numpy and XLA both do as IEEE says.
+real/imag, stacking), comparisons, bool/integer arithmetic (wrapping, XLA's shifts and
+unsigned division by zero), exact conversions, single roundings that numpy and XLA both
+do as IEEE says, and JAX's threefry2x32 random bits.
 ``tests/test_host_eval.py`` checks every primitive here against the compiled program on
 special values, dtype by dtype.
 """
@@ -87,7 +89,7 @@ def _convert(x, p):
         _no_denormals(out)
         return out
     if np.issubdtype(old, np.integer):
-        if new in _NARROW_FLOATS or (old == np.uint64 and not _int(new)):
+        if new in _NARROW_FLOATS or (old == np.uint64 and not _int(new)) or new.kind == "c":
             raise _Refuse  # may round twice in numpy
         return x.astype(new)  # integers wrap, and round to nearest even, as in XLA
     raise _Refuse
