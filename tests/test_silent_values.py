@@ -32,3 +32,52 @@ def test_float_to_unsigned_out_of_range(mode, src, dst):
     assert torch.equal(got, want)
     out = torch.zeros(x.numel(), dtype=dst, device="tpu").copy_(t).cpu()
     assert torch.equal(out, torch.zeros(x.numel(), dtype=dst).copy_(x))
+
+
+def _same_outcome(f):
+    """``f(device)`` on CPU and tpu: the same values, or the same exception and message."""
+    try:
+        want = f("cpu")
+    except Exception as ex:  # the CPU's exception is the expectation
+        with pytest.raises(type(ex)) as got:
+            r = f("tpu")
+            if isinstance(r, torch.Tensor):
+                r.cpu()
+        assert str(got.value) == str(ex)
+        return
+    got = f("tpu").cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def _ints(d, dtype=torch.int64):
+    return torch.tensor([-2, -1, 0, 1, 2, 3], dtype=dtype, device=d)
+
+
+_POW = {
+    "uint8_scalar": lambda d: _ints(d).to(torch.uint8) ** -1,
+    "int64_pow": lambda d: _ints(d).pow(-2),
+    "int32_torch_pow": lambda d: torch.pow(_ints(d, torch.int32), -3),
+    "int8_out": lambda d: torch.pow(_ints(d, torch.int8), -1, out=torch.empty(6, dtype=torch.int8, device=d)),
+    "bool": lambda d: (_ints(d) > 0).pow(-1),
+    "inplace": lambda d: _ints(d).pow_(-1),
+    "ipow": lambda d: _ipow(_ints(d, torch.int16)),
+    # no error on CPU: a tensor exponent, a scalar base, a float exponent, exponent 0
+    "tensor_exponent": lambda d: _ints(d).pow(_ints(d).flip(0)),
+    "tensor_exponent_inplace": lambda d: _ints(d).pow_(torch.tensor(-1, device=d)),
+    "scalar_base": lambda d: torch.pow(2, _ints(d)),
+    "rpow": lambda d: 3 ** _ints(d, torch.int32),
+    "float_exponent": lambda d: _ints(d).pow(-1.0),
+    "zero": lambda d: _ints(d) ** 0,
+}
+
+
+def _ipow(x):
+    x **= -2
+    return x
+
+
+@pytest.mark.parametrize("case", _POW)
+def test_int_pow_negative_exponent(mode, case):
+    """An integer tensor to a negative integer Python scalar: PyTorch's RuntimeError at the
+    op (tpu computed 0/1/-1, as for a tensor exponent, which PyTorch takes)."""
+    _same_outcome(_POW[case])
