@@ -81,3 +81,61 @@ def test_int_pow_negative_exponent(mode, case):
     """An integer tensor to a negative integer Python scalar: PyTorch's RuntimeError at the
     op (tpu computed 0/1/-1, as for a tensor exponent, which PyTorch takes)."""
     _same_outcome(_POW[case])
+
+
+_NORMAL_FLOAT = {
+    "normal_": lambda d: torch.empty(3, device=d).normal_(0.0, -2.0),
+    "float_float": lambda d: torch.normal(0.0, -1.0, size=(3,), device=d),
+    "tensor_float": lambda d: torch.normal(torch.zeros(3, device=d), -100.0),
+    "tensor_float_out": lambda d: torch.normal(torch.zeros(3, device=d), -1.23456789,
+                                               out=torch.empty(3, device=d)),
+    "nan": lambda d: torch.empty(3, device=d).normal_(0.0, _NAN),
+}
+
+
+@pytest.mark.parametrize("case", _NORMAL_FLOAT)
+def test_normal_negative_float_std(mode, case):
+    """A negative (or NaN) Python float std: PyTorch's error at the op, the std printed as
+    C++ prints a double ("-1", not "-1.0")."""
+    _same_outcome(_NORMAL_FLOAT[case])
+
+
+def _std(d):
+    return torch.tensor([1.0, -0.5, 2.0], device=d)
+
+
+_NORMAL_TENSOR = {
+    "float_tensor": lambda d: torch.normal(0.0, _std(d)),
+    "tensor_tensor": lambda d: torch.normal(torch.zeros(3, device=d), _std(d)),
+    "tensor_tensor_out": lambda d: torch.normal(torch.zeros(3, device=d), _std(d),
+                                                out=torch.empty(3, device=d)),
+    "float_tensor_out": lambda d: torch.normal(1.0, _std(d), out=torch.empty(3, device=d)),
+    "nan": lambda d: torch.normal(0.0, torch.tensor([1.0, _NAN], device=d)),
+    "computed": lambda d: torch.normal(0.0, torch.ones(4, device=d) - 2),
+}
+
+
+@pytest.mark.parametrize("case", _NORMAL_TENSOR)
+def test_normal_negative_std_tensor(mode, case):
+    """A std tensor with a negative (or NaN) element: CPU raises at the op; on tpu its values
+    live on the device, so the check is an asynchronous assert: PyTorch's RuntimeError and
+    message at the next sync point (here ``.cpu()``), and not before."""
+    f = _NORMAL_TENSOR[case]
+    with pytest.raises(RuntimeError) as cpu:
+        f("cpu")
+    r = f("tpu")
+    assert r.shape == (r.numel(),)
+    with pytest.raises(RuntimeError) as tpu:
+        r.cpu()
+    assert str(tpu.value).split("\n")[0] == str(cpu.value) == "normal expects all elements of std >= 0.0"
+    torch.zeros(1, device="tpu").cpu()  # read once: nothing left to raise
+
+
+def test_normal_std_tensor_ok(mode):
+    """Non-negative stds (zero, -0.0 included) pass: the values are drawn, no assert fails."""
+    std = torch.tensor([0.0, -0.0, 1.0, 2.0])
+    torch.manual_seed(0)
+    r = torch.normal(torch.zeros(4, device="tpu"), std.to("tpu")).cpu()
+    assert r.shape == (4,) and r[0] == 0 and r[1] == 0
+    r = torch.normal(0.0, std.to("tpu"), out=torch.empty(4, device="tpu")).cpu()
+    assert r[0] == 0 and r[1] == 0
