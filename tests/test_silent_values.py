@@ -139,3 +139,37 @@ def test_normal_std_tensor_ok(mode):
     assert r.shape == (4,) and r[0] == 0 and r[1] == 0
     r = torch.normal(0.0, std.to("tpu"), out=torch.empty(4, device="tpu")).cpu()
     assert r[0] == 0 and r[1] == 0
+
+
+def _c32(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(512, dtype=torch.complex64, generator=g) * 3).to(torch.complex32)
+
+
+def _c32_bits(t):
+    return torch.view_as_real(t.detach().cpu().to(torch.complex64))
+
+
+_C32_ALPHA = {
+    "add": lambda a, b: torch.add(a, b, alpha=1.7),
+    "sub": lambda a, b: torch.sub(a, b, alpha=1.0001),
+    "add_complex_alpha": lambda a, b: torch.add(a, b, alpha=0.3 - 1.1j),
+    "sub_int_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "rsub": lambda a, b: torch.rsub(a, b, alpha=-2.3),
+    "add_": lambda a, b: a.clone().add_(b, alpha=0.7),
+    "sub_out": lambda a, b: torch.sub(a, b, alpha=1.3, out=torch.empty_like(a)),
+    "half_other": lambda a, b: torch.add(a, b.real.to(torch.float16), alpha=1.7),
+}
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("case", _C32_ALPHA)
+def test_complex32_add_sub_alpha(mode, case):
+    """complex32 ``add``/``sub`` with ``alpha``: ATen computes ``alpha * other`` in
+    complex32 (rounded to float16 parts) before adding; bit for bit against CPU."""
+    f = _C32_ALPHA[case]
+    a, b = _c32(0), _c32(1)
+    want = f(a, b)
+    got = f(a.to("tpu"), b.to("tpu"))
+    assert got.dtype == want.dtype == torch.complex32
+    assert torch.equal(_c32_bits(got), _c32_bits(want))

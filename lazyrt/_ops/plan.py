@@ -304,6 +304,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     n_arr = len(vals)
     scalar_kinds = tuple("i" if type(s) is RuntimeInt else "f" for s in scal) + (
         ("i",) if random else ())
+    c32 = _narrow.computes_in_c32(args)
 
     def call(*flat):
         arrs = iter(flat[:n_arr])
@@ -316,6 +317,8 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
             kw["generator"] = jax.random.PRNGKey(seed)
         # NOTE: e.fn, not a captured function: a lowering fixed after a failed flush is
         # what the retry traces.
+        if c32:
+            return _dtypes.in_c32_math(e.fn, *a, **kw)
         return e.fn(*a, **kw)
 
     fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
@@ -354,8 +357,9 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     desc = static_desc(tpl_args, tpl_kwargs)
     # NOTE: a complex32 output is a complex64 aval rounded at the end: its torch dtype is in
     # the signature, or the disk cache served complex32's program (rounding) to complex64's
+    # (and so is complex32 math: its complex64 inputs' avals do not tell it)
     sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds,
-                    (out_avals, narrow) if any(narrow) else out_avals)
+                    (out_avals, narrow, c32) if any(narrow) or c32 else out_avals)
     # NOTE: a plan this lazyrt checked in an earlier process (same signature, source and
     # switches) is not traced again: the persistent cache keeps its verdict
     const = None if sig is None else _diskcache.plan_checked(sig)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
+import numpy as np
+import torch
 from jax import lax
 
+from .._base import dtypes as _dtypes
 from ._registry import aten, lower, named, prims
 from ._util import jdt, log1p, opmath
 
@@ -62,13 +65,29 @@ def _reduced_alpha(self, other, alpha, sign):
     return (a.astype(jnp.float32) + sign * al * b.astype(jnp.float32)).astype(a.dtype)
 
 
+def _c32_times(other, alpha):
+    """``alpha * other`` as ATen computes it in complex32 (``complex<Half>``): both rounded
+    to complex32 first, the product rounded to it (``_dtypes.c32_math``)."""
+    if isinstance(alpha, (int, float, complex)):
+        alpha = complex(alpha)
+        alpha = complex(float(np.float16(alpha.real)), float(np.float16(alpha.imag)))
+    else:
+        alpha = _dtypes.round_narrow(jnp.asarray(alpha).astype(jnp.complex64), torch.complex32)
+    other = _dtypes.round_narrow(jnp.asarray(other).astype(jnp.complex64), torch.complex32)
+    return _dtypes.round_narrow(other * alpha, torch.complex32)
+
+
+def _times_alpha(other, alpha):
+    return _c32_times(other, alpha) if _dtypes.c32_math() else other * alpha
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, *, alpha=1):
     if not (isinstance(alpha, (int, bool)) and alpha == 1):
         r = _reduced_alpha(self, other, alpha, 1)
         if r is not None:
             return r
-        other = other * alpha
+        other = _times_alpha(other, alpha)
     if _arr(self).dtype == jnp.bool_ and _arr(other).dtype == jnp.bool_:
         return jnp.logical_or(self, other)
     return self + other
@@ -80,7 +99,7 @@ def sub(self, other, *, alpha=1):
         r = _reduced_alpha(self, other, alpha, -1)
         if r is not None:
             return r
-        other = other * alpha
+        other = _times_alpha(other, alpha)
     return self - other
 
 
