@@ -173,3 +173,28 @@ def test_complex32_add_sub_alpha(mode, case):
     got = f(a.to("tpu"), b.to("tpu"))
     assert got.dtype == want.dtype == torch.complex32
     assert torch.equal(_c32_bits(got), _c32_bits(want))
+
+
+_OVER_64 = {
+    "zeros": lambda: torch.zeros([1] * 65, device="tpu"),
+    "rand": lambda: torch.rand([1] * 65, device="tpu"),
+    "transfer": lambda: torch.zeros([1] * 65).to("tpu"),
+    "view": lambda: torch.zeros(1, device="tpu").view([1] * 65),
+    "unsqueeze": lambda: torch.zeros([1] * 64, device="tpu").unsqueeze(0),
+}
+
+
+@pytest.mark.parametrize("case", _OVER_64)
+def test_more_than_64_dims(mode, case):
+    """A tensor of more than 64 dims: PyTorch's reductions over it raise RuntimeError "only
+    tensors with up to 64 dims are supported"; a tpu tensor cannot hold one at all (XLA's and
+    NumPy's arrays stop at 64: NumPy's ValueError came out of a later op or sync), so the op
+    that would make it raises that RuntimeError, with lazyrt's reason after it."""
+    with pytest.raises(RuntimeError) as cpu:
+        torch.zeros([1] * 65).sum(0)
+    with pytest.raises(RuntimeError) as tpu:
+        _OVER_64[case]()
+    assert str(tpu.value).split("\n")[0] == str(cpu.value)
+    x = torch.arange(2.0).reshape([2] + [1] * 63)
+    assert torch.equal(x.to("tpu").sum(0).cpu(), x.sum(0))  # 64 dims: fine
+    assert torch.equal(x.to("tpu").amax().cpu(), x.amax())

@@ -294,6 +294,18 @@ def _inplace_cast_check(e, args, kwargs) -> None:
         _dtypes.check_result_cast(res.dtype, args[0].dtype)
 
 
+MAX_DIMS = 64
+
+
+def check_dims(n: int) -> None:
+    """A tpu tensor holds at most 64 dims (XLA's and NumPy's arrays): PyTorch's error for a
+    tensor past its own kernels' limit, with lazyrt's reason (CPU holds such a tensor)."""
+    if n > MAX_DIMS:
+        raise RuntimeError(f"only tensors with up to {MAX_DIMS} dims are supported\n  (lazyrt: a "
+                           f"tpu tensor holds at most {MAX_DIMS} dims, as XLA's arrays; this "
+                           f"result has {n})")
+
+
 def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Plan:
     dyn = not e.static_floats
     random = e.random
@@ -324,6 +336,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
     out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for s in layout.flat_specs)
+    check_dims(max((len(s[0]) for s in out_avals), default=0))
     narrow = tuple(s[2] if s[2] in _dtypes.WIDENED else None for s in layout.flat_specs)
 
     def raw(*flat):
