@@ -1,6 +1,8 @@
 """torch <-> JAX dtype mapping."""
 from __future__ import annotations
 
+import threading
+
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -39,6 +41,27 @@ JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items
 # (complex32 arithmetic is complex64's, each part rounded to float16).
 WIDENED: dict[torch.dtype, torch.dtype] = {torch.complex32: torch.complex64}
 TORCH_TO_JAX[torch.complex32] = TORCH_TO_JAX[torch.complex64]
+
+
+# set while an op that computes in complex32 (its common dtype, a complex32 tensor among
+# its operands) is traced: a lowering whose intermediate ATen rounds to complex32 (add/sub's
+# ``alpha * other``) reads it (``c32_math``); the ops' own results are rounded anyway
+_C32_MATH = threading.local()
+
+
+def c32_math() -> bool:
+    """The op traced now computes in complex32 (``in_c32_math``)."""
+    return getattr(_C32_MATH, "on", False)
+
+
+def in_c32_math(f, *args, **kwargs):
+    """``f(*args, **kwargs)`` with ``c32_math()`` true."""
+    prev = c32_math()
+    _C32_MATH.on = True
+    try:
+        return f(*args, **kwargs)
+    finally:
+        _C32_MATH.on = prev
 
 
 def round_narrow(x, dtype: torch.dtype):

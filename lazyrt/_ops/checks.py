@@ -281,6 +281,18 @@ def heaviside_checked(e, args, kwargs):
     return (mutating if e.mut else functional)(e, args, kwargs)
 
 
+def pow_checked(e, args, kwargs):
+    """``pow(x, k)`` of an integer (or bool) tensor to a negative integer Python scalar:
+    ATen's error at the op (the lowering computes 0/1/-1 as for a tensor exponent, which
+    ATen takes)."""
+    a, k = args[0], args[1] if len(args) > 1 else kwargs["exponent"]
+    if (not a.dtype.is_floating_point and not a.dtype.is_complex
+            and isinstance(k, (int, bool)) and k < 0):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return (mutating if e.mut else functional)(e, args, kwargs)
+
+
+_POW_SCALAR = [aten.pow.Tensor_Scalar, aten.pow.Tensor_Scalar_out, aten.pow_.Scalar]
 _HEAVISIDE = [aten.heaviside.default, aten.heaviside.out, aten.heaviside_.default]
 _COMPLEX = [aten.complex.default, aten.complex.out, aten.polar.default, aten.polar.out]
 _ARANGE = [aten.arange.default, aten.arange.start, aten.arange.start_step]
@@ -320,6 +332,7 @@ def special_handlers() -> dict:
         **dict.fromkeys(_COMPLEX, complex_checked),
         aten.zeros.out: zeros_ones_out,
         **dict.fromkeys(_HEAVISIDE, heaviside_checked),
+        **dict.fromkeys(_POW_SCALAR, pow_checked),
         aten.randperm.out: randperm_out,
         aten.randperm.default: randperm_checked,
         aten.randperm.generator: randperm_checked,

@@ -34,3 +34,11 @@ def round_operands(args):
             if r != a and a == a:  # NaN stays NaN
                 out[i], changed = r, True
     return tuple(out) if changed else None
+
+
+def computes_in_c32(args) -> bool:
+    """The op's common dtype is complex32: a complex32 tensor among ``args`` and no tensor
+    of a wider floating or complex dtype (ATen computes such an op in ``complex<Half>``)."""
+    dts = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+    return C32 in dts and all(d in (C32, torch.float16) or not (d.is_floating_point or d.is_complex)
+                              for d in dts)

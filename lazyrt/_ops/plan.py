@@ -294,6 +294,18 @@ def _inplace_cast_check(e, args, kwargs) -> None:
         _dtypes.check_result_cast(res.dtype, args[0].dtype)
 
 
+MAX_DIMS = 64
+
+
+def check_dims(n: int) -> None:
+    """A tpu tensor holds at most 64 dims (XLA's and NumPy's arrays): PyTorch's error for a
+    tensor past its own kernels' limit, with lazyrt's reason (CPU holds such a tensor)."""
+    if n > MAX_DIMS:
+        raise RuntimeError(f"only tensors with up to {MAX_DIMS} dims are supported\n  (lazyrt: a "
+                           f"tpu tensor holds at most {MAX_DIMS} dims, as XLA's arrays; this "
+                           f"result has {n})")
+
+
 def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Plan:
     dyn = not e.static_floats
     random = e.random
@@ -304,6 +316,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     n_arr = len(vals)
     scalar_kinds = tuple("i" if type(s) is RuntimeInt else "f" for s in scal) + (
         ("i",) if random else ())
+    c32 = _narrow.computes_in_c32(args)
 
     def call(*flat):
         arrs = iter(flat[:n_arr])
@@ -316,11 +329,14 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
             kw["generator"] = jax.random.PRNGKey(seed)
         # NOTE: e.fn, not a captured function: a lowering fixed after a failed flush is
         # what the retry traces.
+        if c32:
+            return _dtypes.in_c32_math(e.fn, *a, **kw)
         return e.fn(*a, **kw)
 
     fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
     out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for s in layout.flat_specs)
+    check_dims(max((len(s[0]) for s in out_avals), default=0))
     narrow = tuple(s[2] if s[2] in _dtypes.WIDENED else None for s in layout.flat_specs)
 
     def raw(*flat):
@@ -354,8 +370,9 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     desc = static_desc(tpl_args, tpl_kwargs)
     # NOTE: a complex32 output is a complex64 aval rounded at the end: its torch dtype is in
     # the signature, or the disk cache served complex32's program (rounding) to complex64's
+    # (and so is complex32 math: its complex64 inputs' avals do not tell it)
     sig = signature(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds,
-                    (out_avals, narrow) if any(narrow) else out_avals)
+                    (out_avals, narrow, c32) if any(narrow) or c32 else out_avals)
     # NOTE: a plan this lazyrt checked in an earlier process (same signature, source and
     # switches) is not traced again: the persistent cache keeps its verdict
     const = None if sig is None else _diskcache.plan_checked(sig)

@@ -1,4 +1,4 @@
-"""``random_`` and ``uniform_``: ATen's checks, messages and warnings (its
+"""``random_``, ``uniform_`` and ``normal``: ATen's checks, messages and warnings (its
 DistributionTemplates.h: ``random_impl``, ``random_from_to_impl``,
 ``check_from_to_in_range``, ``uniform_impl_``; the CPU kernels' dtype dispatch), then the
 op. The values' ranges are the lowerings' (``lowering.random_ops``), which move ``from``
@@ -10,8 +10,12 @@ import warnings
 
 import torch
 
+from .._base import source as _source
+from .._base.config import config
 from .._base.dtypes import scalar_type_name as _scalar_type_name
 from .._base.source import is_library_file
+from .._exec import asserts as _asserts
+from .._exec.values import concrete, new_tensor, value
 from ..lowering import random_ops as _r
 from .handlers import functional, mutating
 
@@ -184,6 +188,47 @@ def uniform_checked(e, args, kwargs):
     return _run(e, args, kwargs)
 
 
+_STD_TENSOR_MSG = "normal expects all elements of std >= 0.0"
+
+
+def check_normal_std(e, std) -> None:
+    """ATen's ``CHECK_NORMAL_STD`` (a float ``std``, at the op, printed as C++ prints a
+    double) and ``CHECK_NORMAL_TENSOR_STD`` (a tensor: ``std.min() >= 0``, NaN failing,
+    read on the host where it lives there, else on the device, as an asynchronous assert
+    read at the next sync point (``_exec.asserts``; at once in debug mode))."""
+    if not isinstance(std, torch.Tensor):
+        if not std >= 0.0:
+            raise RuntimeError(f"normal expects std >= 0.0, but found std {_g(float(std))}")
+        return
+    if std.is_complex():
+        raise RuntimeError("normal expects standard deviation to be non-complex")
+    if not std.numel():
+        return
+    ok = aten.ge.Scalar(aten.min.default(std.detach()), 0)
+    if ok.device.type == "cpu":
+        if not ok.item():
+            raise RuntimeError(_STD_TENSOR_MSG)
+        return
+    where = f"{e.name} at {_source.user_line(3)}"
+    if config.mode == "debug":
+        _asserts.check_now(concrete(ok), _STD_TENSOR_MSG, where)
+    else:
+        _asserts.add(new_tensor(value(ok))._st, _STD_TENSOR_MSG, where)
+
+
+def normal_checked(e, args, kwargs):
+    """``normal`` (mean and std tensors or floats, ``out=``) and ``normal_``: ATen's check
+    of ``std`` first, then the op."""
+    check_normal_std(e, _arg(e, args, kwargs, "std", 1.0))
+    return (mutating if e.mut else functional)(e, args, kwargs)
+
+
+# (normal.float_float_out and normal.out decompose into normal.float_float and normal_)
+_NORMAL = [aten.normal.Tensor_float, aten.normal.Tensor_float_out, aten.normal.float_Tensor,
+           aten.normal.float_Tensor_out, aten.normal.Tensor_Tensor, aten.normal.Tensor_Tensor_out,
+           aten.normal.float_float, aten.normal_.default]
+
+
 def _overloads(packet) -> list:
     return [getattr(packet, n) for n in packet.overloads()]
 
@@ -193,4 +238,5 @@ def special_handlers() -> dict:
     return {
         **dict.fromkeys(_overloads(aten.random_) + _overloads(aten.random), random_checked),
         **dict.fromkeys(_overloads(aten.uniform_) + _overloads(aten.uniform), uniform_checked),
+        **dict.fromkeys(_NORMAL, normal_checked),
     }

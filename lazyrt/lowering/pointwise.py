@@ -5,8 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jss
+import numpy as np
+import torch
 from jax import lax
 
+from .._base import dtypes as _dtypes
 from ._registry import aten, lower, named, prims
 from ._util import jdt, log1p, opmath
 
@@ -62,13 +65,29 @@ def _reduced_alpha(self, other, alpha, sign):
     return (a.astype(jnp.float32) + sign * al * b.astype(jnp.float32)).astype(a.dtype)
 
 
+def _c32_times(other, alpha):
+    """``alpha * other`` as ATen computes it in complex32 (``complex<Half>``): both rounded
+    to complex32 first, the product rounded to it (``_dtypes.c32_math``)."""
+    if isinstance(alpha, (int, float, complex)):
+        alpha = complex(alpha)
+        alpha = complex(float(np.float16(alpha.real)), float(np.float16(alpha.imag)))
+    else:
+        alpha = _dtypes.round_narrow(jnp.asarray(alpha).astype(jnp.complex64), torch.complex32)
+    other = _dtypes.round_narrow(jnp.asarray(other).astype(jnp.complex64), torch.complex32)
+    return _dtypes.round_narrow(other * alpha, torch.complex32)
+
+
+def _times_alpha(other, alpha):
+    return _c32_times(other, alpha) if _dtypes.c32_math() else other * alpha
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, *, alpha=1):
     if not (isinstance(alpha, (int, bool)) and alpha == 1):
         r = _reduced_alpha(self, other, alpha, 1)
         if r is not None:
             return r
-        other = other * alpha
+        other = _times_alpha(other, alpha)
     if _arr(self).dtype == jnp.bool_ and _arr(other).dtype == jnp.bool_:
         return jnp.logical_or(self, other)
     return self + other
@@ -80,7 +99,7 @@ def sub(self, other, *, alpha=1):
         r = _reduced_alpha(self, other, alpha, -1)
         if r is not None:
             return r
-        other = other * alpha
+        other = _times_alpha(other, alpha)
     return self - other
 
 
@@ -780,23 +799,43 @@ def logit_backward(grad_output, self, eps=None):
 
 # float -> integer conversion of values out of the target's range (and NaN): undefined in
 # C++, x86's on PyTorch's CPU (and NumPy's there): the value truncated to int32 (int64 for a
-# 64-bit target) where it fits, else that type's minimum, then wrapped to the target's bits
-# (-2.0 -> uint8 is 254, float32 max -> int16 is 0). XLA saturates instead (32767).
+# 64-bit target, and for uint8 from float64) where it fits, else that type's minimum, then
+# wrapped to the target's bits (-2.0 -> uint8 is 254, float32 max -> int16 is 0). XLA
+# saturates instead (32767). Unsigned 32/64-bit targets take the unsigned conversion's
+# route: from 2**31 (2**63) up, x - 2**31 truncated and its top bit flipped (x >= 2**32 and
+# inf give 0, NaN and x < -2**31 give 2**31). PyTorch's CPU loop gives this for uint32 in
+# its vectorized body, i.e. all but the last len % 4 elements of a contiguous tensor (its
+# scalar tail, a strided input and a float16 source go through int64 instead); uint64 has
+# one rule on both.
 _I32_VIA = {jnp.dtype(d) for d in (jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint16)}
 _I64_VIA = {jnp.dtype(d) for d in (jnp.int64, jnp.uint32)}
+_UNSIGNED_VIA = {jnp.dtype(jnp.uint32): jnp.int32, jnp.dtype(jnp.uint64): jnp.int64}
+
+
+def _trunc(xf, via):
+    """``xf`` truncated to the integer type ``via`` as x86 does: its minimum where out of range."""
+    info = jnp.iinfo(via)
+    ok = (xf > float(info.min) - 1) & (xf < -float(info.min))
+    return jnp.where(ok, jnp.where(ok, xf, 0).astype(via), info.min)
 
 
 def cast(x, jd):
     """``x.astype(jd)`` with PyTorch CPU's conversions where they differ from XLA's."""
     jd = jnp.dtype(jd)
+    if jnp.issubdtype(x.dtype, jnp.floating) and jd in _UNSIGNED_VIA and not (
+            jd == jnp.uint32 and x.dtype == jnp.float16):
+        via = _UNSIGNED_VIA[jd]
+        xf = x.astype(jnp.float64 if via == jnp.int64 else jnp.promote_types(x.dtype, jnp.float32))
+        top = -float(jnp.iinfo(via).min)
+        big = xf >= top
+        i = _trunc(jnp.where(big, xf - top, xf), via)
+        return (i ^ jnp.where(big, jnp.iinfo(via).min, 0).astype(via)).astype(jd)
     if jnp.issubdtype(x.dtype, jnp.floating) and jd in _I32_VIA | _I64_VIA:
-        via = jnp.int32 if jd in _I32_VIA else jnp.int64
-        info = jnp.iinfo(via)
+        via = jnp.int64 if jd in _I64_VIA or (jd == jnp.uint8 and x.dtype == jnp.float64) \
+            else jnp.int32
         xf = x.astype(jnp.float64) if x.dtype != jnp.float64 and via == jnp.int64 else x.astype(
             jnp.promote_types(x.dtype, jnp.float32))
-        ok = (xf > float(info.min) - 1) & (xf < -float(info.min))
-        i = jnp.where(ok, jnp.where(ok, xf, 0).astype(via), info.min)
-        return i.astype(jd)
+        return _trunc(xf, via).astype(jd)
     if x.dtype == jnp.bool_:
         return bool_to(x, jd)
     return x.astype(jd)

@@ -1,0 +1,200 @@
+"""Cases where tpu gave a value (or no error) where PyTorch CPU eager gives another value or
+raises, each checked against CPU eager in strict and defer: float -> uint32/uint64/uint8
+conversions out of range, integer pow to a negative power, normal with a negative std,
+complex32 add/sub with alpha, reductions over more than 64 dims."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+_NAN, _INF = float("nan"), float("inf")
+_UVALS = (_NAN, _INF, -_INF, -1.5, -1.0, -0.5, 0.0, 0.7, 1.5, 255.9, 3e9, 4294967295.0, 2.0**31,
+          -2.0**31, -2.0**31 - 1, -3e9, 2.0**32, 2.0**33 + 7, 5e9, 1e19, 2.0**63, -2.0**63, 2.0**64,
+          1e20, -1e20, -4294967301.0, -70000.0, -300.0)
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("dst", [torch.uint32, torch.uint64, torch.uint8], ids=str)
+def test_float_to_unsigned_out_of_range(mode, src, dst):
+    """Bit for bit as PyTorch's CPU converts (x86): uint64 and uint32 through the unsigned
+    route (x >= 2**31 (2**63): x - 2**31 truncated, top bit flipped; x >= 2**32 and inf give
+    0, NaN and x < -2**31 give 2**31); uint8 from float64 through int64. XLA saturated.
+    (CPU's uint32 loop takes that route in its vectorized body; its scalar tail - the last
+    len % 4 elements, a strided input - goes through int64: the length here is a multiple
+    of 16, so CPU's every element takes the vectorized one.)"""
+    x = torch.tensor(_UVALS, dtype=torch.float64).to(src).repeat(16)
+    t = x.to("tpu")
+    got, want = t.to(dst).cpu(), x.to(dst)
+    assert got.dtype == want.dtype
+    bad = [(float(x[i]), int(got[i]), int(want[i])) for i in range(len(_UVALS)) if got[i] != want[i]]
+    assert not bad, bad
+    assert torch.equal(got, want)
+    out = torch.zeros(x.numel(), dtype=dst, device="tpu").copy_(t).cpu()
+    assert torch.equal(out, torch.zeros(x.numel(), dtype=dst).copy_(x))
+
+
+def _same_outcome(f):
+    """``f(device)`` on CPU and tpu: the same values, or the same exception and message."""
+    try:
+        want = f("cpu")
+    except Exception as ex:  # the CPU's exception is the expectation
+        with pytest.raises(type(ex)) as got:
+            r = f("tpu")
+            if isinstance(r, torch.Tensor):
+                r.cpu()
+        assert str(got.value) == str(ex)
+        return
+    got = f("tpu").cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def _ints(d, dtype=torch.int64):
+    return torch.tensor([-2, -1, 0, 1, 2, 3], dtype=dtype, device=d)
+
+
+_POW = {
+    "uint8_scalar": lambda d: _ints(d).to(torch.uint8) ** -1,
+    "int64_pow": lambda d: _ints(d).pow(-2),
+    "int32_torch_pow": lambda d: torch.pow(_ints(d, torch.int32), -3),
+    "int8_out": lambda d: torch.pow(_ints(d, torch.int8), -1, out=torch.empty(6, dtype=torch.int8, device=d)),
+    "bool": lambda d: (_ints(d) > 0).pow(-1),
+    "inplace": lambda d: _ints(d).pow_(-1),
+    "ipow": lambda d: _ipow(_ints(d, torch.int16)),
+    # no error on CPU: a tensor exponent, a scalar base, a float exponent, exponent 0
+    "tensor_exponent": lambda d: _ints(d).pow(_ints(d).flip(0)),
+    "tensor_exponent_inplace": lambda d: _ints(d).pow_(torch.tensor(-1, device=d)),
+    "scalar_base": lambda d: torch.pow(2, _ints(d)),
+    "rpow": lambda d: 3 ** _ints(d, torch.int32),
+    "float_exponent": lambda d: _ints(d).pow(-1.0),
+    "zero": lambda d: _ints(d) ** 0,
+}
+
+
+def _ipow(x):
+    x **= -2
+    return x
+
+
+@pytest.mark.parametrize("case", _POW)
+def test_int_pow_negative_exponent(mode, case):
+    """An integer tensor to a negative integer Python scalar: PyTorch's RuntimeError at the
+    op (tpu computed 0/1/-1, as for a tensor exponent, which PyTorch takes)."""
+    _same_outcome(_POW[case])
+
+
+_NORMAL_FLOAT = {
+    "normal_": lambda d: torch.empty(3, device=d).normal_(0.0, -2.0),
+    "float_float": lambda d: torch.normal(0.0, -1.0, size=(3,), device=d),
+    "tensor_float": lambda d: torch.normal(torch.zeros(3, device=d), -100.0),
+    "tensor_float_out": lambda d: torch.normal(torch.zeros(3, device=d), -1.23456789,
+                                               out=torch.empty(3, device=d)),
+    "nan": lambda d: torch.empty(3, device=d).normal_(0.0, _NAN),
+}
+
+
+@pytest.mark.parametrize("case", _NORMAL_FLOAT)
+def test_normal_negative_float_std(mode, case):
+    """A negative (or NaN) Python float std: PyTorch's error at the op, the std printed as
+    C++ prints a double ("-1", not "-1.0")."""
+    _same_outcome(_NORMAL_FLOAT[case])
+
+
+def _std(d):
+    return torch.tensor([1.0, -0.5, 2.0], device=d)
+
+
+_NORMAL_TENSOR = {
+    "float_tensor": lambda d: torch.normal(0.0, _std(d)),
+    "tensor_tensor": lambda d: torch.normal(torch.zeros(3, device=d), _std(d)),
+    "tensor_tensor_out": lambda d: torch.normal(torch.zeros(3, device=d), _std(d),
+                                                out=torch.empty(3, device=d)),
+    "float_tensor_out": lambda d: torch.normal(1.0, _std(d), out=torch.empty(3, device=d)),
+    "nan": lambda d: torch.normal(0.0, torch.tensor([1.0, _NAN], device=d)),
+    "computed": lambda d: torch.normal(0.0, torch.ones(4, device=d) - 2),
+}
+
+
+@pytest.mark.parametrize("case", _NORMAL_TENSOR)
+def test_normal_negative_std_tensor(mode, case):
+    """A std tensor with a negative (or NaN) element: CPU raises at the op; on tpu its values
+    live on the device, so the check is an asynchronous assert: PyTorch's RuntimeError and
+    message at the next sync point (here ``.cpu()``), and not before."""
+    f = _NORMAL_TENSOR[case]
+    with pytest.raises(RuntimeError) as cpu:
+        f("cpu")
+    r = f("tpu")
+    assert r.shape == (r.numel(),)
+    with pytest.raises(RuntimeError) as tpu:
+        r.cpu()
+    assert str(tpu.value).split("\n")[0] == str(cpu.value) == "normal expects all elements of std >= 0.0"
+    torch.zeros(1, device="tpu").cpu()  # read once: nothing left to raise
+
+
+def test_normal_std_tensor_ok(mode):
+    """Non-negative stds (zero, -0.0 included) pass: the values are drawn, no assert fails."""
+    std = torch.tensor([0.0, -0.0, 1.0, 2.0])
+    torch.manual_seed(0)
+    r = torch.normal(torch.zeros(4, device="tpu"), std.to("tpu")).cpu()
+    assert r.shape == (4,) and r[0] == 0 and r[1] == 0
+    r = torch.normal(0.0, std.to("tpu"), out=torch.empty(4, device="tpu")).cpu()
+    assert r[0] == 0 and r[1] == 0
+
+
+def _c32(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(512, dtype=torch.complex64, generator=g) * 3).to(torch.complex32)
+
+
+def _c32_bits(t):
+    return torch.view_as_real(t.detach().cpu().to(torch.complex64))
+
+
+_C32_ALPHA = {
+    "add": lambda a, b: torch.add(a, b, alpha=1.7),
+    "sub": lambda a, b: torch.sub(a, b, alpha=1.0001),
+    "add_complex_alpha": lambda a, b: torch.add(a, b, alpha=0.3 - 1.1j),
+    "sub_int_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "rsub": lambda a, b: torch.rsub(a, b, alpha=-2.3),
+    "add_": lambda a, b: a.clone().add_(b, alpha=0.7),
+    "sub_out": lambda a, b: torch.sub(a, b, alpha=1.3, out=torch.empty_like(a)),
+    "half_other": lambda a, b: torch.add(a, b.real.to(torch.float16), alpha=1.7),
+}
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("case", _C32_ALPHA)
+def test_complex32_add_sub_alpha(mode, case):
+    """complex32 ``add``/``sub`` with ``alpha``: ATen computes ``alpha * other`` in
+    complex32 (rounded to float16 parts) before adding; bit for bit against CPU."""
+    f = _C32_ALPHA[case]
+    a, b = _c32(0), _c32(1)
+    want = f(a, b)
+    got = f(a.to("tpu"), b.to("tpu"))
+    assert got.dtype == want.dtype == torch.complex32
+    assert torch.equal(_c32_bits(got), _c32_bits(want))
+
+
+_OVER_64 = {
+    "zeros": lambda: torch.zeros([1] * 65, device="tpu"),
+    "rand": lambda: torch.rand([1] * 65, device="tpu"),
+    "transfer": lambda: torch.zeros([1] * 65).to("tpu"),
+    "view": lambda: torch.zeros(1, device="tpu").view([1] * 65),
+    "unsqueeze": lambda: torch.zeros([1] * 64, device="tpu").unsqueeze(0),
+}
+
+
+@pytest.mark.parametrize("case", _OVER_64)
+def test_more_than_64_dims(mode, case):
+    """A tensor of more than 64 dims: PyTorch's reductions over it raise RuntimeError "only
+    tensors with up to 64 dims are supported"; a tpu tensor cannot hold one at all (XLA's and
+    NumPy's arrays stop at 64: NumPy's ValueError came out of a later op or sync), so the op
+    that would make it raises that RuntimeError, with lazyrt's reason after it."""
+    with pytest.raises(RuntimeError) as cpu:
+        torch.zeros([1] * 65).sum(0)
+    with pytest.raises(RuntimeError) as tpu:
+        _OVER_64[case]()
+    assert str(tpu.value).split("\n")[0] == str(cpu.value)
+    x = torch.arange(2.0).reshape([2] + [1] * 63)
+    assert torch.equal(x.to("tpu").sum(0).cpu(), x.sum(0))  # 64 dims: fine
+    assert torch.equal(x.to("tpu").amax().cpu(), x.amax())
