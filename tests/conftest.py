@@ -155,6 +155,17 @@ def fresh_dynamo():
 
 
 @pytest.fixture
+def compile_at_first_run(monkeypatch):
+    """Every program compiled at its first run (no host runs of cold programs on the CPU
+    platform, ``lazyrt._exec.consts``; subprocesses too): for tests that count compiles
+    per shape or per value, which host runs would move to a program's 5th call."""
+    from lazyrt._exec import consts
+
+    monkeypatch.setattr(consts, "COLD_ENABLED", False)
+    monkeypatch.setenv("LAZYRT_HOST_EVAL", "0")
+
+
+@pytest.fixture
 def defer_mode():
     """The test runs in defer mode; what it left pending is flushed at its end."""
     with lazyrt.set_mode("defer"):

@@ -9,7 +9,7 @@ import torch
 import lazyrt
 from lazyrt import metrics
 
-pytestmark = pytest.mark.sweep(every=2)
+pytestmark = [pytest.mark.sweep(every=2), pytest.mark.usefixtures("compile_at_first_run")]
 
 MODES = ["strict", "defer"]
 

@@ -79,6 +79,7 @@ def test_each_program_class_gets_its_rows_options(monkeypatch):
         assert _ROWS["flush"].items() <= opts.items(), opts
 
 
+@pytest.mark.usefixtures("compile_at_first_run")
 def test_quick_programs_are_kept_in_the_persistent_cache(tmp_path, monkeypatch):
     """lazyrt's own disk cache (not JAX's, whose ``jax_persistent_cache_min_compile_time_secs``
     skips programs that compile in under a second) keeps every program: one-op programs,

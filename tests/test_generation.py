@@ -158,6 +158,7 @@ class _CompilesPerToken:
     ("static", 2, 2), ("dynamic", 1, 0),
     pytest.param("static", 1, 0, marks=pytest.mark.slow),
     pytest.param("dynamic", 2, 0, marks=pytest.mark.slow)])
+@pytest.mark.usefixtures("compile_at_first_run")
 def test_generate_compiles_nothing_per_token(mode, cache, batch, left_pad):
     """The token ids, positions and attention mask that grow by one a step, and the
     default dynamic cache's keys and values, live in append buffers

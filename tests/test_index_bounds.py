@@ -369,6 +369,7 @@ def test_mask_index_put_values_and_errors(mode, xs, ms, vs, accumulate):
                      rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("compile_at_first_run")
 def test_mask_assignment_compiles_once_per_shape(mode):
     """``x[mask] = 0`` with masks of different counts: one program per shape, not per count."""
     from lazyrt import metrics

@@ -11,6 +11,9 @@ from _util import assert_close
 import lazyrt
 from lazyrt._base.metrics import COUNTERS
 
+# these tests count compiles per shape and per value: each program compiled at its first run
+pytestmark = pytest.mark.usefixtures("compile_at_first_run")
+
 MODES = ["strict", "defer"]
 
 

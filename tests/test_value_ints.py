@@ -9,6 +9,9 @@ from _util import assert_close
 
 from lazyrt import metrics
 
+# these tests count compiles per shape and per value: each program compiled at its first run
+pytestmark = pytest.mark.usefixtures("compile_at_first_run")
+
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool, torch.float16,
           torch.bfloat16, torch.float32, torch.float64]
 INTS = [0, 3, -7, 300, 2**31 + 5, 2**40]
