@@ -71,8 +71,8 @@ def evaluate(prog, arrays: list, scalars: list):
     prog.host_calls += 1
     if prog.host_calls > DEVICE_CALLS and not cpu:
         return None
+    key = (prog.name, tuple(a.dtype for a in arrays), tuple(d for _, d in prog.out_avals))
     if host is None:
-        key = (prog.name, tuple(a.dtype for a in arrays), tuple(d for _, d in prog.out_avals))
         if key in _REFUSED:
             prog.host = False
             return None
@@ -98,8 +98,7 @@ def evaluate(prog, arrays: list, scalars: list):
     outs = evaluate_jaxpr(host.jaxpr, host.consts, ins)
     if outs is None:
         prog.host = False
-        _REFUSED.add((prog.name, tuple(a.dtype for a in arrays),
-                      tuple(d for _, d in prog.out_avals)))
+        _REFUSED.add(key)
         return None
     if outs is DATA:  # this call's values (a denormal, an empty reduction): compile
         return None

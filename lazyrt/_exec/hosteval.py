@@ -213,6 +213,10 @@ def _split(x, p):
     return np.split(x, cuts, axis=p["axis"])
 
 
+_INT_AND, _INT_OR, _INT_SUM = (_reduce(np.bitwise_and.reduce), _reduce(np.bitwise_or.reduce),
+                               _reduce(np.sum))
+
+
 # name -> f(*inputs, params) returning one array or (for "multi") a list
 _UNARY = {
     "reshape": _reshape,
@@ -225,12 +229,12 @@ _UNARY = {
     "convert_element_type": _convert,
     "bitcast_convert_type": _bitcast,
     "reduce_and": lambda x, p: (np.all(x, axis=tuple(p["axes"])) if x.dtype == np.bool_
-                                else _reduce(np.bitwise_and.reduce)(x, p)),
+                                else _INT_AND(x, p)),
     "reduce_or": lambda x, p: (np.any(x, axis=tuple(p["axes"])) if x.dtype == np.bool_
-                               else _reduce(np.bitwise_or.reduce)(x, p)),
+                               else _INT_OR(x, p)),
     "reduce_max": _reduce(np.max),
     "reduce_min": _reduce(np.min),
-    "reduce_sum": lambda x, p: (_reduce(np.sum)(x, p).astype(x.dtype) if x.dtype != np.bool_
+    "reduce_sum": lambda x, p: (_INT_SUM(x, p).astype(x.dtype) if x.dtype != np.bool_
                                 else _refuse()),
 }
 _PLAIN = {
@@ -290,10 +294,11 @@ def _shift(kind):
     return op
 
 
+_FLOAT_DIV = _arith(np.divide)
+_UNSIGNED_DIV = _unsigned(lambda x, y, zero, safe: np.where(
+    zero, np.array(np.iinfo(x.dtype).max, x.dtype), x // safe))
 _PLAIN.update({
-    "div": lambda a, b: (_arith(np.divide)(a, b) if not _int(a.dtype)
-                         else _unsigned(lambda x, y, zero, safe: np.where(
-                             zero, np.array(np.iinfo(x.dtype).max, x.dtype), x // safe))(a, b)),
+    "div": lambda a, b: _UNSIGNED_DIV(a, b) if _int(a.dtype) else _FLOAT_DIV(a, b),
     "rem": _unsigned(lambda x, y, zero, safe: np.where(zero, x, x % safe)),
     "shift_left": _shift("left"),
     "shift_right_logical": _shift("logical"),
