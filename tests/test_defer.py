@@ -144,7 +144,7 @@ def test_random_ops_in_a_loop_compile_once():
     assert len(set(outs)) == 10  # fresh randomness every step
 
 
-def test_changing_python_scalars_compile_once():
+def test_changing_python_scalars_compile_once(compile_at_first_run):
     x = torch.ones(16, device="tpu")
     lazyrt.sync()
     lazyrt.metrics.reset()
