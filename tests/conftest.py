@@ -157,8 +157,10 @@ def fresh_dynamo():
 @pytest.fixture
 def compile_at_first_run(monkeypatch):
     """Every program compiled at its first run (no host runs of cold programs on the CPU
-    platform, ``lazyrt._exec.consts``; subprocesses too): for tests that count compiles
-    per shape or per value, which host runs would move to a program's 5th call."""
+    platform, ``lazyrt._exec.consts``, and every defer flush one compiled program, none
+    run op by op, ``lazyrt._exec.coldflush``; subprocesses too): for tests that count
+    compiles per shape or per value, which those would move to a program's 5th call, and
+    for tests of what a flush's one program does (donation, its memory, its log record)."""
     from lazyrt._exec import consts
 
     monkeypatch.setattr(consts, "COLD_ENABLED", False)

@@ -95,7 +95,7 @@ def _flush_step(x):
     return y.cpu()
 
 
-def test_tiered_flush_switches_to_the_optimized_one(tmp_path):
+def test_tiered_flush_switches_to_the_optimized_one(tmp_path, compile_at_first_run):
     xs = torch.randn(33, 65)
     ref = (xs * 1.5).sin().sum(dim=1) + xs.mean()
     x = xs.to("tpu")
@@ -129,7 +129,7 @@ def test_full_compiles_have_no_first_tier(tmp_path):
     torch.testing.assert_close(y, x.cpu().cos() * 3)
 
 
-def test_a_failing_compile_raises_the_same_in_both_tiers():
+def test_a_failing_compile_raises_the_same_in_both_tiers(compile_at_first_run):
     """A flush whose program fails to build raises the same error, tiered or not."""
     from lazyrt._ops import resolve as _resolve
 

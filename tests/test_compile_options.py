@@ -40,7 +40,7 @@ _ROWS = {
 }
 
 
-def test_each_program_class_gets_its_rows_options(monkeypatch):
+def test_each_program_class_gets_its_rows_options(monkeypatch, compile_at_first_run):
     monkeypatch.setitem(_choices.COMPILE_OPTIONS, "cpu", _ROWS)
     monkeypatch.setattr(lazyrt.config, "cache_dir", None)  # every program compiled here
     seen = []

@@ -27,7 +27,7 @@ def defer():
 # ---- defer cache hits are checked against the trace ----------------------------------------
 
 
-def test_colliding_traces_never_share_an_executable(defer, monkeypatch):
+def test_colliding_traces_never_share_an_executable(defer, monkeypatch, compile_at_first_run):
     """Force trace B onto trace A's structure hash (same length, outputs, donation): the
     cache must not run A's executable for B."""
     monkeypatch.setattr(_defer, "structure_hash", lambda tr: 12345)  # every trace collides
@@ -55,7 +55,7 @@ def test_colliding_traces_never_share_an_executable(defer, monkeypatch):
     torch.testing.assert_close(b2.cpu(), torch.arange(6.0) * 3 - 5)
 
 
-def test_a_cache_hit_needs_the_same_leaf_avals(defer):
+def test_a_cache_hit_needs_the_same_leaf_avals(defer, compile_at_first_run):
     x = torch.ones(4, device="tpu")
     y = torch.ones(4, dtype=torch.float64, device="tpu")
     lazyrt.sync()

@@ -130,7 +130,7 @@ def test_training_loop_one_flush_per_step_and_no_recompiles(opt_kwargs):
         assert s["cache_hits"] == 1, s
 
 
-def test_random_ops_in_a_loop_compile_once():
+def test_random_ops_in_a_loop_compile_once(compile_at_first_run):
     x = torch.ones(16, device="tpu")
     lazyrt.sync()
     _defer.clear_cache()  # it counts compiles: from an empty cache
@@ -156,7 +156,7 @@ def test_changing_python_scalars_compile_once(compile_at_first_run):
     assert _counters()["cache_misses"] == 0
 
 
-def test_donation_only_when_no_alias_reads_old_value():
+def test_donation_only_when_no_alias_reads_old_value(compile_at_first_run):
     p = torch.randn(1000, device="tpu")
     lazyrt.sync()
     p.mul_(2)
@@ -203,7 +203,7 @@ def _cosh_fails_at_compile():
         entry.plans.clear()
 
 
-def test_failing_flush_names_op_and_leaves_tensors_usable():
+def test_failing_flush_names_op_and_leaves_tensors_usable(compile_at_first_run):
     x = torch.randn(4, device="tpu")
     lazyrt.sync()
     good = x + 1
@@ -318,7 +318,7 @@ def _mlp_steps(steps, window):
         lazyrt.config.fusion_window = prev
 
 
-def test_fusion_window_cuts_each_step_at_the_same_places():
+def test_fusion_window_cuts_each_step_at_the_same_places(compile_at_first_run):
     whole_losses, whole_params, whole = _mlp_steps(6, 0)
     losses, params, stats = _mlp_steps(6, 7)
     # the same step as one program: the first step already (the tensors moved to tpu
@@ -336,7 +336,7 @@ def test_fusion_window_cuts_each_step_at_the_same_places():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_fusion_window_segment_failure_loses_nothing():
+def test_fusion_window_segment_failure_loses_nothing(compile_at_first_run):
     """A segment that fails to compile is not cut: recording goes on in the same trace
     and the error is raised at the sync point, as without a window."""
     x = torch.randn(4).to("tpu")

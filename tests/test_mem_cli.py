@@ -117,7 +117,7 @@ def test_failing_script_reports_and_exits_nonzero(tmp_path):
     assert any(r["mode"] == "strict" and "fails.py:6" in r["source"] for r in doc["records"])
 
 
-def test_compare_side_by_side(capsys):
+def test_compare_side_by_side(capsys, compile_at_first_run):
     rc = mem.main(["compare", os.path.join(EXAMPLES, "ew_chain.py"), str(1 << 18)])
     out = capsys.readouterr().out
     assert rc == 0, out

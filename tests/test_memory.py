@@ -34,7 +34,7 @@ def test_live_bytes_up_and_down(mode):
     assert torch.tpu.max_memory_allocated() >= base + 2 * NB
 
 
-def test_donation_does_not_double_count():
+def test_donation_does_not_double_count(compile_at_first_run):
     with lazyrt.set_mode("defer"):
         x = torch.randn(N).to("tpu")
         _settle()
@@ -70,7 +70,7 @@ def _chain_peak(mode: str) -> int:
     return peak
 
 
-def test_fused_chain_peak_lower_in_defer_than_strict():
+def test_fused_chain_peak_lower_in_defer_than_strict(compile_at_first_run):
     strict = _chain_peak("strict")
     defer = _chain_peak("defer")
     # strict: x, the previous intermediate and the new one at once; defer: x and the result.
@@ -86,7 +86,7 @@ FIELDS = {
 }
 
 
-def test_flush_log_records_defer():
+def test_flush_log_records_defer(compile_at_first_run):
     memory.clear_log()
     with lazyrt.set_mode("defer"):
         x = torch.randn(64, 64).to("tpu")

@@ -163,7 +163,7 @@ def test_view_offsets_follow_positions(mode):
             assert_close(t, c)
 
 
-def test_metrics_count_programs_per_op(mode):
+def test_metrics_count_programs_per_op(mode, compile_at_first_run):
     """Programs compiled per op family: one per position-free signature; an int operand of
     ``mul`` is a runtime value of the program too (``value_ints``): one program for all."""
     lazyrt.metrics.reset()

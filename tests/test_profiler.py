@@ -42,7 +42,7 @@ def _names(prof) -> dict:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_ranges_in_key_averages(mode):
+def test_ranges_in_key_averages(mode, compile_at_first_run):
     """Strict: each op's execution is a ``lazyrt::op[NAME]`` range; defer: each flush is a
     ``lazyrt::flush[N ops, hit|miss]`` range, with the compile (a miss) and the
     execution nested; the host read is ``lazyrt::to_host``. The results are CPU eager's."""

@@ -157,7 +157,7 @@ def test_signed_zero_scalars_stay_apart():
         assert torch.equal(o, r) and torch.equal(o.signbit(), r.signbit())
 
 
-def test_scalars_that_stop_sharing_a_value_recompile_correctly():
+def test_scalars_that_stop_sharing_a_value_recompile_correctly(compile_at_first_run):
     x = torch.randn(16)
     t = x.to("tpu")
     lazyrt.sync()

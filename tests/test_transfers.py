@@ -141,7 +141,7 @@ def test_repeated_scalars_stay_on_the_device():
         torch.testing.assert_close(g, want * new, rtol=0, atol=0)
 
 
-def test_a_flush_sends_its_scalars_once_and_only_when_they_change():
+def test_a_flush_sends_its_scalars_once_and_only_when_they_change(compile_at_first_run):
     with lazyrt.set_mode("defer"):
         x = torch.ones(4, device="tpu")
         lazyrt.sync()

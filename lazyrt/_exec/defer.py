@@ -29,12 +29,12 @@ every time. The flush dispatches asynchronously: the device runs a segment while
 host records the next. A compiled graph whose flushes kept compiling (the eager code
 around it changes shape every call) gets a flush of its own (``isolated``).
 
-Threads: there is one pending trace per process, guarded by ``LOCK``. The
-dispatcher holds it for the whole of every op in defer mode (recording, storage
-registration, write-back) and a flush holds it from start to end, so an op is
-never split by another thread's flush. ``values.run`` records only under it and
-``note_storage`` checks that its caller holds it (whoever records a value and stores it in a tensor holds it for
-both: collectives, compiled graphs and SPMD marks too).
+On the CPU platform a new trace with few new programs runs op by op (``coldflush``).
+
+Threads: one pending trace per process, guarded by ``LOCK``, which the dispatcher holds
+for the whole of every op in defer mode (recording, storage registration, write-back)
+and a flush from start to end: an op is never split by another thread's flush.
+``values.run`` records only under it; ``note_storage`` checks that its caller holds it.
 """
 from __future__ import annotations
 
@@ -52,12 +52,12 @@ from .._base.config import config
 from .._base.ir import Pending, Prog
 from .._base.metrics import COMPILES_BY_OP, COUNTERS, register_gauge
 from . import asserts as _asserts
+from . import coldflush as _cold
 from . import exes as _exes
-from . import lean as _lean
 from . import profile as _profile
 from . import scalars as _scalars
 from . import xla as _xla
-from .program import build_fn, hash_hex, needed, scalar_struct
+from .program import build_fn, hash_hex, scalar_struct
 from .trace import _MASK, _SHIFT, LOOP_PERIODS, Trace, explain, graph_text, structure_hash  # noqa: F401  (explain, graph_text: re-exported)
 
 LOCK = threading.RLock()
@@ -344,13 +344,20 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
         scal = np.asarray(tr.scalars, dtype=np.float64)
         exe = _exes.lookup(key, tr, scal)
         hit = exe is not None
+        # a new trace on the CPU platform may run op by op (``coldflush``)
+        need = (None if hit or runner is not None or KEY_SHARDING
+                else _cold.wanted(tr, key, out_refs))
         prof = _profile.flush_range(tr, hit, src) if _PROFILING[0] else None
         donated = [a for a, d in zip(leaves, donate_mask) if d]
         kept = [a for a, d in zip(leaves, donate_mask) if not d]
         try:
-            exe, compile_s = _compile_for(tr, exe, key, scal, out_refs, donate_mask,
-                                          (donated, kept), runner, src)
-            results, exec_s, live_before = _execute(exe, donated, kept, scal)
+            if need is None:
+                exe, compile_s = _compile_for(tr, exe, key, scal, out_refs, donate_mask,
+                                              (donated, kept), runner, src)
+                results, exec_s, live_before = _execute(exe, donated, kept, scal)
+            else:
+                live_before = memory._state["live"]
+                results, compile_s, exec_s = _cold.run(tr, key, out_refs, need)
         except KeyboardInterrupt:
             raise
         except Exception as e:
@@ -359,7 +366,8 @@ def flush(reason: str = "sync", trace: Trace | None = None, keep_on_error: bool 
             raise _flush_error(tr, src, e) from e
         del donated, kept
         _materialize(tr, outs, results, exe)
-        _account(tr, exe, results, reason, src, hit, compile_s, exec_s, live_before, t_start)
+        _account(tr, exe or _cold.record(tr, out_refs, results), results, reason, src, hit,
+                 compile_s, exec_s, live_before, t_start)
         if prof is not None:
             _profile.end(prof)
     # NOTE: a fusion window's segment (``keep_on_error``, ``_cut``) runs asynchronously and
@@ -439,7 +447,8 @@ def _flush_error(tr: Trace, src: str, e: Exception) -> RuntimeError:
 
 def _materialize(tr: Trace, outs, results, exe) -> None:
     """Hand the results to the live storages; ``tr`` is done. Nothing here may fail."""
-    memory.track_outputs(results, exe.out_nbytes)
+    if exe is not None:  # (run op by op: strict's ``run`` counted them)
+        memory.track_outputs(results, exe.out_nbytes)
     _replace_current(tr)
     tr.done = True
     for st, k in outs:
@@ -467,25 +476,6 @@ def _account(tr: Trace, exe, results, reason, src, hit, compile_s, exec_s, live_
             r.block_until_ready()
 
 
-def needed_for(tr: Trace, pendings) -> list:
-    refs = [(p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr]
-    return needed(tr, refs)
-
-
-def hlo_text(tr: Trace, pendings) -> str:
-    refs = tuple((p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr)
-    if not refs:
-        return ""
-    mask = tuple(False for _ in tr.leaves)
-    scal = np.asarray(tr.scalars, dtype=np.float64)
-    first, slots = _exes.scalar_layout(scal, tr)
-    fn = build_fn(tr, refs, mask, slots)
-    n_slots = len(scal) if first is None else len(first)
-    with _X64(True):
-        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), scalar_struct(n_slots)))
-    return lowered.as_text()
-
-
 def cache_info() -> dict:
     return {**_exes.cache_info(), "compiles": _history["compiles"],
             "flushes": _history["flushes"]}
@@ -493,3 +483,4 @@ def cache_info() -> dict:
 
 def clear_cache() -> None:
     _exes.clear()
+    _cold.clear()

@@ -8,6 +8,8 @@ import hashlib
 import jax
 import numpy as np
 
+from . import exes as _exes
+from . import lean as _lean
 from .trace import _MASK, _SHIFT, Trace
 
 try:  # a weak-typed int64, as strict's programs see a Python int (``_ops.value_ints``)
@@ -92,3 +94,24 @@ def hash_hex(tr: Trace, out_refs, donate_mask) -> str:
     process that records the same ops in the same order. Made once per executable."""
     key = (tuple(p.uid for p in tr.nodes), tr.refs, tr.leaf_avals, out_refs, donate_mask)
     return hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+
+
+def needed_for(tr: Trace, pendings) -> list:
+    """Which nodes the values ``pendings`` need (``lazyrt.graph``)."""
+    refs = [(p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr]
+    return needed(tr, refs)
+
+
+def hlo_text(tr: Trace, pendings) -> str:
+    """The program a flush of ``pendings`` would compile, as text (``lazyrt.hlo``)."""
+    refs = tuple((p.node << _SHIFT) | p.idx for p in pendings if p.trace is tr)
+    if not refs:
+        return ""
+    mask = tuple(False for _ in tr.leaves)
+    scal = np.asarray(tr.scalars, dtype=np.float64)
+    first, slots = _exes.scalar_layout(scal, tr)
+    fn = build_fn(tr, refs, mask, slots)
+    n_slots = len(scal) if first is None else len(first)
+    with jax.enable_x64(True):
+        lowered = _lean.lower(jax.jit(fn), ([], list(tr.leaves), scalar_struct(n_slots)))
+    return lowered.as_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .._base.ir import Pending
 from .._base.tensor import TpuTensor
 from .._exec import defer as _defer
+from .._exec import program as _program
 from .._exec.values import value
 from .coverage import coverage
 
@@ -26,7 +27,7 @@ def graph(*tensors) -> str:
     ops they depend on."""
     with _defer.LOCK:
         tr = _defer.current()
-        only = _defer.needed_for(tr, _pending_of(tensors)) if tensors else None
+        only = _program.needed_for(tr, _pending_of(tensors)) if tensors else None
         return _defer.graph_text(tr, only)
 
 
@@ -36,4 +37,4 @@ def hlo(*tensors) -> str:
     with _defer.LOCK:
         tr = _defer.current()
         pend = _pending_of(tensors) if tensors else _defer.live_output_values(tr)
-        return _defer.hlo_text(tr, pend)
+        return _program.hlo_text(tr, pend)
