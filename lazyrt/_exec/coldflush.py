@@ -24,9 +24,9 @@ defer differ; a trace's values change that way at most once, when it is compiled
 
 Not run op by op (compiled at once as before): traces with a ``torch.compile`` graph
 (one program per step is what it is for), with donated inputs (``jax_op(donate=)``),
-once a mesh exists (``lazyrt.distributed``: sharded leaves, an SPMD runner), while a torch profiler records or recompiles are
-explained (``LAZYRT_EXPLAIN_RECOMPILE``). ``LAZYRT_HOST_EVAL=0`` turns it off with the
-host runs.
+once a mesh exists (``lazyrt.distributed``: sharded leaves, an SPMD runner), while a
+torch profiler records or recompiles are explained (``LAZYRT_EXPLAIN_RECOMPILE``).
+``LAZYRT_HOST_EVAL=0`` turns it off with the host runs.
 """
 from __future__ import annotations
 
