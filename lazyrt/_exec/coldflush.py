@@ -5,9 +5,9 @@ the 2-core machine for the few ops of a test's check. Code that sweeps shapes an
 (PyTorch's OpInfo device tests, a shape-polymorphic eval loop) makes a new trace at
 nearly every flush and runs it once, so defer paid a compile per flush where strict mode
 reuses one program per op signature, most of them run on the host while cold
-(``consts``). A proxy of PyTorch's binary-ufunc tests (``python -m perf.cold_flush``)
-took 227 s in defer against 142 s in strict, side by side: 1,169 flush compiles against
-681 op compiles.
+(``consts``). On a proxy of PyTorch's binary-ufunc tests (``python -m perf.cold_flush
+--family binary --step 3``, three processes side by side) defer compiling every flush took
+167 s (1,169 programs), defer with cold flushes run op by op 116 s (679), strict 116 s.
 
 So on the CPU platform a trace whose key has been flushed fewer than
 ``consts.COLD_CALLS`` times runs its ops one by one through strict's ``run`` (which
@@ -48,8 +48,8 @@ from .trace import _MASK, _SHIFT, Trace
 # to ~16 new programs at first, and they are shared with the next tests'; a model's step
 # holds more (a tiny Llama's forward: 197 ops, 17 new programs at its first flush), and
 # its programs run op by op would only be compiled for the 4 steps before the fused one.
-# The binary-ufunc proxy (``python -m perf.cold_flush``, one run): 75 s with 16, 110 s
-# with 4, 227 s never op by op.
+# The binary-ufunc proxy of ``perf.cold_flush``, two processes side by side: 75 s with 16,
+# 110 s with 4 (1,218 flushes, 1,213 and 480 of them op by op).
 NEW_PROGRAMS = 16
 # flushes so far per trace key (the flush cache's key), for the traces run op by op
 _flushed: LRUCache = LRUCache(maxsize=8192)
