@@ -39,6 +39,7 @@ from .._base.config import config
 from .._base.metrics import COUNTERS
 from .._base.platform import on_cpu
 from . import consts as _consts
+from . import profile as _profile
 from . import strict as _strict
 from .program import hash_hex, needed
 from .trace import _MASK, _SHIFT, Trace
@@ -59,18 +60,15 @@ def _new_programs(tr: Trace, need: list) -> int:
     """How many of ``tr``'s distinct needed programs a run op by op would compile (a
     program never run on the host counts: most of those turn out to need a compile)."""
     n, seen = 0, set()
-    cold_calls, cold_s = _consts.COLD_CALLS, _consts.COLD_SECONDS
+    spent = _consts.cold_spent
     for i, p in enumerate(tr.nodes):
         if not need[i] or p.exe is not None or id(p) in seen:
             continue
         seen.add(id(p))
-        if p.host is None and not p.const:
+        if p.host is False or (not p.const and (p.host is None or spent(p))):
             n += 1
-        elif p.host is False or (not p.const and (p.host_calls >= cold_calls
-                                                  or p.host_seconds >= cold_s)):
-            n += 1
-        if n > NEW_PROGRAMS:
-            break
+            if n > NEW_PROGRAMS:
+                break
     return n
 
 
@@ -78,7 +76,7 @@ def wanted(tr: Trace, key, out_refs) -> list | None:
     """The needed-node mask if the flush of ``tr`` (not in the flush cache) is to run op
     by op, else None."""
     if (not _consts.COLD_ENABLED or not on_cpu() or tr.declared or config.explain_recompile
-            or _strict._PROFILING[0]):
+            or _profile.ACTIVE[0]):
         return None
     if _flushed.get(key, 0) >= _consts.COLD_CALLS:
         return None

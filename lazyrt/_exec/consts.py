@@ -63,8 +63,7 @@ def evaluate(prog, arrays: list, scalars: list):
             return None
         dev = next(iter(devs))
     cpu = on_cpu()
-    if not prog.const and (not cpu or not COLD_ENABLED or prog.host_seconds >= COLD_SECONDS
-                           or prog.host_calls >= COLD_CALLS
+    if not prog.const and (not cpu or not COLD_ENABLED or cold_spent(prog)
                            or sum(a.size for a in arrays) > COLD_ELEMENTS):
         return None
     t0 = time.perf_counter()
@@ -106,6 +105,11 @@ def evaluate(prog, arrays: list, scalars: list):
         outs = [jax.device_put(np.array(o, order="C"), dev) for o in outs]
     prog.host_seconds += time.perf_counter() - t0
     return outs
+
+
+def cold_spent(prog) -> bool:
+    """Whether a program that reads its inputs has had its runs on the host."""
+    return prog.host_calls >= COLD_CALLS or prog.host_seconds >= COLD_SECONDS
 
 
 def _used(jaxpr) -> set:
