@@ -160,11 +160,15 @@ def compile_at_first_run(monkeypatch):
     platform, ``lazyrt._exec.consts``, and every defer flush one compiled program, none
     run op by op, ``lazyrt._exec.coldflush``; subprocesses too): for tests that count
     compiles per shape or per value, which those would move to a program's 5th call, and
-    for tests of what a flush's one program does (donation, its memory, its log record)."""
+    for tests of what a flush's one program does (donation, its memory, its log record).
+    Starts from no compiled program (plans dropped, ``invalidate_compiled``): a count of
+    compiles does not hang on what an earlier test in the process compiled."""
     from lazyrt._exec import consts
+    from lazyrt._ops import control
 
     monkeypatch.setattr(consts, "COLD_ENABLED", False)
     monkeypatch.setenv("LAZYRT_HOST_EVAL", "0")
+    control.invalidate_compiled()
 
 
 @pytest.fixture
