@@ -29,7 +29,7 @@ class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
                  "host_seconds",
-                 "direct", "donate", "sig")
+                 "direct", "donate", "sig", "flat")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -67,6 +67,9 @@ class Prog:
         # ``args.signature``), to find its executable in the persistent cache without
         # tracing it; None: found by its traced text only
         self.sig = None
+        # a random draw made elementwise over threefry's counters: N -> the Prog of the same
+        # draw over N elements, flat (``_ops.plan``, ``_exec.flatdraw``); None otherwise
+        self.flat = None
 
     def __repr__(self) -> str:
         return f"Prog({self.name})"

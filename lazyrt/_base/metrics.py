@@ -65,6 +65,7 @@ _ZERO = {
     "host_constants": 0,
     # programs run on the host on their first calls (CPU platform, ``_exec.consts``)
     "host_runs": 0,
+    "flat_draws": 0,
     # defer flushes of a new trace run op by op (CPU platform, ``_exec.coldflush``)
     "cold_flushes": 0,
     # explicit transfers of runtime scalars (``_exec.scalars``): one per strict op whose

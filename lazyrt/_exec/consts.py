@@ -67,6 +67,8 @@ def evaluate(prog, arrays: list, scalars: list):
                            or sum(a.size for a in arrays) > COLD_ELEMENTS):
         return None
     t0 = time.perf_counter()
+    # NOTE: undone where the program is refused here: a call made elsewhere before its
+    # compile (``flatdraw``) counts its own
     prog.host_calls += 1
     if prog.host_calls > DEVICE_CALLS and not cpu:
         return None
@@ -74,6 +76,7 @@ def evaluate(prog, arrays: list, scalars: list):
     if host is None:
         if key in _REFUSED:
             prog.host = False
+            prog.host_calls -= 1
             return None
         try:
             with jax.enable_x64(True):
@@ -87,6 +90,7 @@ def evaluate(prog, arrays: list, scalars: list):
         prog.host = host
         if host is False:
             _REFUSED.add(key)
+            prog.host_calls -= 1
             return None
     try:
         ins = [None] * len(arrays) if prog.const else [np.asarray(a) for a in arrays]
@@ -98,6 +102,7 @@ def evaluate(prog, arrays: list, scalars: list):
     if outs is None:
         prog.host = False
         _REFUSED.add(key)
+        prog.host_calls -= 1
         return None
     if outs is DATA:  # this call's values (a denormal, an empty reduction): compile
         return None

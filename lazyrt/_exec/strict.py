@@ -27,6 +27,7 @@ from .._base.memory import _state
 from .._base.metrics import COMPILES_BY_OP, COUNTERS
 from . import consts as _consts
 from . import debug as _debug
+from . import flatdraw as _flatdraw
 from . import profile as _profile
 from . import scalars as _scalars
 from . import xla as _xla
@@ -224,6 +225,8 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
         # executable's memory analysis
         if (prog.const or not log) and (outs := _consts.evaluate(prog, arrays, scalars)) is not None:
             return _made_on_host(prog, arrays, scalars, outs)
+        if not log and (outs := _flatdraw.run(prog, arrays, scalars, run)) is not None:
+            return _made_on_host(prog, arrays, scalars, outs, "flat")
         exe, mem, compile_s = _compile(prog, arrays, scalars)
     else:
         COUNTERS["cache_hits"] += 1
@@ -258,9 +261,11 @@ def _run_slow(prog: Prog, arrays: list, scalars: list, log: bool | None) -> list
     return outs
 
 
-def _made_on_host(prog: Prog, arrays, scalars, outs) -> list:
-    """Outputs made by ``_consts`` instead of a compiled program: tracked as any output."""
-    COUNTERS["host_constants" if prog.const else "host_runs"] += 1
+def _made_on_host(prog: Prog, arrays, scalars, outs, how: str = "host") -> list:
+    """Outputs made by ``_consts`` (or a flat draw, ``_flatdraw``) instead of the program's
+    own executable: tracked as any output."""
+    if how == "host":
+        COUNTERS["host_constants" if prog.const else "host_runs"] += 1
     for o, nb in zip(outs, prog.out_nbytes):
         memory.track(o, nb)
     if config.mode == "debug":

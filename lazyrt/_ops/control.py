@@ -20,6 +20,7 @@ from .._exec import defer as _defer
 from .._exec import profile as _profile
 from .._exec import strict as _strict
 from .._exec import views as _views
+from . import flat_draws as _flat_draws
 from . import resolve as _resolve
 
 
@@ -130,6 +131,7 @@ def invalidate_compiled(ops=None, change=None) -> None:
     if ops is None:
         _views.clear()
         _defer.clear_cache()
+        _flat_draws.clear()
 
 
 def set_pallas(policy: str) -> str:

@@ -26,6 +26,7 @@ from .._base.config import config
 from .._base.ir import Prog
 from .._base.tensor import TpuTensor, contiguous_spec
 from .._exec import diskcache as _diskcache
+from . import flat_draws as _flat_draws
 from . import narrow as _narrow
 from . import value_ints as _value_ints
 from .args import (
@@ -317,22 +318,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
     scalar_kinds = tuple("i" if type(s) is RuntimeInt else "f" for s in scal) + (
         ("i",) if random else ())
     c32 = _narrow.computes_in_c32(args)
-
-    def call(*flat):
-        arrs = iter(flat[:n_arr])
-        sc = list(flat[n_arr:])
-        seed = sc.pop() if random else None
-        it_sc = iter(sc)
-        a = rebuild(tpl_args, arrs, it_sc)
-        kw = {k: rebuild(v, arrs, it_sc) for k, v in tpl_kwargs.items()}
-        if random:
-            kw["generator"] = jax.random.PRNGKey(seed)
-        # NOTE: e.fn, not a captured function: a lowering fixed after a failed flush is
-        # what the retry traces.
-        if c32:
-            return _dtypes.in_c32_math(e.fn, *a, **kw)
-        return e.fn(*a, **kw)
-
+    call = _caller(e, tpl_args, tpl_kwargs, n_arr, c32)
     fresh, kinds, resize, mut_specs = _output_specs(e, args, kwargs, call, vals, scal)
     layout = OutputLayout(e, fresh, kinds, mut_specs)
     out_avals = tuple((s[0], _dtypes.to_jax(s[2])) for s in layout.flat_specs)
@@ -343,21 +329,7 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
         return layout.flatten(call(*flat))
 
     def prog_fn(*flat):
-        outs = raw(*flat)
-        if len(outs) != len(out_avals):
-            raise RuntimeError(f"lazyrt: lowering of {e.name} returned {len(outs)} outputs, "
-                               f"expected {len(out_avals)}")
-        fixed = []
-        for o, (shape, dt), nd in zip(outs, out_avals, narrow):
-            o = jnp.asarray(o)
-            if o.dtype != dt:
-                o = o.astype(dt)
-            if nd is not None:
-                o = _dtypes.round_narrow(o, nd)
-            if o.shape != shape:
-                o = jnp.broadcast_to(o, shape)
-            fixed.append(o)
-        return tuple(fixed)
+        return _fixed(e, raw(*flat), out_avals, narrow)
 
     plan = Plan()
     plan.entry = e
@@ -383,7 +355,50 @@ def make_plan(e, args, kwargs, vals: list, scal: list, fold: bool = True) -> Pla
             _diskcache.note_plan(sig, const)
     plan.prog = Prog(e.packet, prog_fn, scalar_kinds, out_avals, desc=desc, op=e.op, const=const)
     plan.prog.sig = sig
+    if random:
+        plan.prog.flat = _flat_draws.maker(e, tpl_args, tpl_kwargs, plan.in_avals, scalar_kinds,
+                                           out_avals, narrow, c32, layout, _caller, _fixed)
     return plan
+
+
+def _caller(e, tpl_args, tpl_kwargs, n_arr: int, c32: bool):
+    """The lowering called on a plan's flat inputs (arrays, runtime scalars, the seed)."""
+    random = e.random
+
+    def call(*flat):
+        arrs = iter(flat[:n_arr])
+        sc = list(flat[n_arr:])
+        seed = sc.pop() if random else None
+        it_sc = iter(sc)
+        a = rebuild(tpl_args, arrs, it_sc)
+        kw = {k: rebuild(v, arrs, it_sc) for k, v in tpl_kwargs.items()}
+        if random:
+            kw["generator"] = jax.random.PRNGKey(seed)
+        # NOTE: e.fn, not a captured function: a lowering fixed after a failed flush is
+        # what the retry traces.
+        if c32:
+            return _dtypes.in_c32_math(e.fn, *a, **kw)
+        return e.fn(*a, **kw)
+
+    return call
+
+
+def _fixed(e, outs, out_avals, narrow) -> tuple:
+    """A lowering's flat outputs in the plan's avals (dtype, complex32 rounding, shape)."""
+    if len(outs) != len(out_avals):
+        raise RuntimeError(f"lazyrt: lowering of {e.name} returned {len(outs)} outputs, "
+                           f"expected {len(out_avals)}")
+    fixed = []
+    for o, (shape, dt), nd in zip(outs, out_avals, narrow):
+        o = jnp.asarray(o)
+        if o.dtype != dt:
+            o = o.astype(dt)
+        if nd is not None:
+            o = _dtypes.round_narrow(o, nd)
+        if o.shape != shape:
+            o = jnp.broadcast_to(o, shape)
+        fixed.append(o)
+    return tuple(fixed)
 
 
 def _check_abstractly(e, prog_fn, vals, scalar_kinds, desc):

@@ -346,3 +346,24 @@ def rrelu_with_noise(self, noise, lower_=0.125, upper=1.0 / 3.0, training=False,
     r = (lower_ + (upper - lower_) * r).astype(x.dtype)
     neg = x <= 0
     return jnp.where(neg, x * r, x), jnp.where(neg, r, jnp.ones_like(r)).astype(noise.dtype)
+
+
+# Draws made element by element over threefry's counters (JAX's partitionable threefry:
+# element i of a draw of shape S is element i of the same draw flattened, and of a longer
+# flat draw): the argument that gives the draw's shape, "size" or "self" (a tensor whose
+# value is not read). Their first calls of a new shape run a flat draw of a bucketed length
+# (``lazyrt._exec.flatdraw``), bit for bit the draw of that shape
+# (``tests/test_flat_draws.py``).
+FLAT_DRAWS = {
+    aten.uniform.default: "self",
+    aten.normal_functional.default: "self",
+    aten.randn.default: "size",
+    aten.randn.generator: "size",
+    aten.rand.default: "size",
+    aten.rand.generator: "size",
+    aten.randint.default: "size",
+    aten.randint.generator: "size",
+    aten.randint.low: "size",
+    aten.randint.low_generator: "size",
+    aten.normal.float_float: "size",
+}
