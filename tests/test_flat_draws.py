@@ -66,7 +66,7 @@ def test_one_compile_per_length_and_the_fifth_call_compiles_its_own():
     assert c["flat_draws"] == 6
     assert c["compiles_by_op"] == {"randn": 1}
     assert all(t.isfinite().all() for t in cpu) and len({t.sum().item() for t in cpu}) == 6
-    for i in range(6):
+    for _ in range(6):
         torch.randn(4, 9, device="tpu").cpu()
     c = lazyrt.metrics.counters()
     assert c["flat_draws"] == 6 + consts.COLD_CALLS
