@@ -29,6 +29,16 @@ def _draws(gen=None):
         for dt in (torch.int64, torch.uint8):
             out.append(torch.randint(0, 100, sh, dtype=dt, device="tpu").cpu())
         out.append(torch.normal(1.0, 2.0, sh, device="tpu").cpu())
+        if sh != SHAPES[0]:
+            continue  # the other draws, one shape (each compiles its own program below)
+        e = torch.empty(sh, device="tpu")
+        for t in (e.clone().bernoulli_(0.3), e.clone().exponential_(2.0), e.clone().geometric_(0.2),
+                  e.clone().log_normal_(), e.clone().cauchy_(), torch.rand_like(e),
+                  torch.randn_like(e), torch.randint_like(e, 7), torch.randint_like(e, -3, 7),
+                  torch.empty(sh, dtype=torch.int32, device="tpu").random_(),
+                  torch.empty(sh, dtype=torch.int64, device="tpu").random_(9),
+                  torch.empty(sh, dtype=F64, device="tpu").random_(-4, 1000)):
+            out.append(t.cpu())
     return out
 
 
@@ -53,9 +63,10 @@ def test_flat_draws_equal_each_shapes_own_program(mode, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_one_compile_per_length_and_the_fifth_call_compiles_its_own():
+def test_one_compile_per_length_and_a_shape_drawn_often_compiles_its_own(monkeypatch):
     """Strict (defer's cold flushes run these programs too, and compile a trace's own at
     its 5th flush: ``test_cold_flush.py``)."""
+    monkeypatch.setattr(flatdraw, "FLAT_CALLS", 6)
     control.invalidate_compiled()
     lazyrt.metrics.reset()
     cpu = []
@@ -66,11 +77,11 @@ def test_one_compile_per_length_and_the_fifth_call_compiles_its_own():
     assert c["flat_draws"] == 6
     assert c["compiles_by_op"] == {"randn": 1}
     assert all(t.isfinite().all() for t in cpu) and len({t.sum().item() for t in cpu}) == 6
-    for _ in range(6):
+    for _ in range(8):
         torch.randn(4, 9, device="tpu").cpu()
     c = lazyrt.metrics.counters()
-    assert c["flat_draws"] == 6 + consts.COLD_CALLS
-    assert c["compiles_by_op"] == {"randn": 2}  # (4, 9)'s own program, at its 5th call
+    assert c["flat_draws"] == 6 + 6
+    assert c["compiles_by_op"] == {"randn": 2}  # (4, 9)'s own program, at its 7th call
 
 
 def test_a_draw_into_a_view_is_right():
