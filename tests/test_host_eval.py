@@ -257,3 +257,28 @@ def test_shifts_and_unsigned_division(dt):
         # XLA's division by zero (all ones, and x % 0 == x) for unsigned; signed: compiled
         assert _check(jax.lax.div, a, c) == (not signed)
         assert _check(jax.lax.rem, a, c) == (not signed)
+
+
+def test_programs_that_only_move_elements_stay_on_the_host_longer():
+    """A view's program (runtime positions included) runs on the host for up to
+    ``MOVE_CALLS`` calls, arithmetic for ``COLD_CALLS``; both give CPU's values."""
+    import lazyrt
+    from lazyrt._exec import hosteval
+    from lazyrt._ops import control
+
+    assert hosteval.moves_only(jax.make_jaxpr(lambda a, i: jax.lax.dynamic_slice(
+        a.T, (i + 1, 0), (2, 3)))(np.ones((5, 6), np.float32), 1).jaxpr)
+    assert not hosteval.moves_only(jax.make_jaxpr(lambda a: a.T * 2)(np.ones((2, 3))).jaxpr)
+    assert not hosteval.moves_only(jax.make_jaxpr(lambda a: a.astype(np.int32))(
+        np.ones(3, np.float32)).jaxpr)
+    control.invalidate_compiled()
+    x = torch.randn(6, 8)
+    t = x.to("tpu")
+    lazyrt.sync()
+    lazyrt.metrics.reset()
+    with lazyrt.set_mode("strict"):
+        for i in range(consts.COLD_CALLS + 4):
+            assert torch.equal(t[1:4].t().cpu(), x[1:4].t())
+            assert torch.equal(t[i % 5].cpu(), x[i % 5])
+            assert torch.equal((t * 2).cpu(), x * 2)
+    assert lazyrt.metrics.counters()["compiles_by_op"] == {"mul": 1}

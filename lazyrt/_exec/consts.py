@@ -25,7 +25,7 @@ import jax.extend.core as jcore
 import numpy as np
 
 from .._base.platform import on_cpu
-from .hosteval import DATA, evaluate_jaxpr
+from .hosteval import DATA, evaluate_jaxpr, moves_only
 
 DEVICE_CALLS = 8
 # On the CPU platform, a program that reads its inputs is evaluated here on its first
@@ -40,6 +40,12 @@ DEVICE_CALLS = 8
 # ``LAZYRT_HOST_EVAL=0`` turns this off (constants are still made here).
 COLD_SECONDS = 0.03
 COLD_CALLS = 4
+# A program that only moves elements (``hosteval.moves_only``: a view, a write through
+# one) runs here for up to MOVE_CALLS calls (still within COLD_SECONDS): on the host it is
+# a numpy copy and a transfer, about what its compiled run costs, and tests reuse a view's
+# program a few times over (PyTorch's ``test_tensor_split_indices``: 74 view programs
+# compiled per test with the bound of 4).
+MOVE_CALLS = 64
 COLD_ELEMENTS = 1 << 20
 COLD_ENABLED = os.environ.get("LAZYRT_HOST_EVAL", "1") != "0"
 # (name, input dtypes, output dtypes) of programs hosteval refused: not traced again
@@ -88,6 +94,8 @@ def evaluate(prog, arrays: list, scalars: list):
                 and _used(host.jaxpr) & set(host.jaxpr.invars[:len(arrays)])):
             host = False  # reads an input's value after all
         prog.host = host
+        if host is not False:
+            prog.moves = moves_only(host.jaxpr)
         if host is False:
             _REFUSED.add(key)
             prog.host_calls -= 1
@@ -114,7 +122,8 @@ def evaluate(prog, arrays: list, scalars: list):
 
 def cold_spent(prog) -> bool:
     """Whether a program that reads its inputs has had its runs on the host."""
-    return prog.host_calls >= COLD_CALLS or prog.host_seconds >= COLD_SECONDS
+    return (prog.host_calls >= (MOVE_CALLS if prog.moves else COLD_CALLS)
+            or prog.host_seconds >= COLD_SECONDS)
 
 
 def _used(jaxpr) -> set:
