@@ -67,6 +67,7 @@ def test_one_compile_per_length_and_a_shape_drawn_often_compiles_its_own(monkeyp
     """Strict (defer's cold flushes run these programs too, and compile a trace's own at
     its 5th flush: ``test_cold_flush.py``)."""
     monkeypatch.setattr(flatdraw, "FLAT_CALLS", 6)
+    monkeypatch.setattr(consts, "COLD_SECONDS", 1e9)  # calls decide, not the load
     control.invalidate_compiled()
     lazyrt.metrics.reset()
     cpu = []

@@ -259,10 +259,13 @@ def test_shifts_and_unsigned_division(dt):
         assert _check(jax.lax.rem, a, c) == (not signed)
 
 
-def test_programs_that_only_move_elements_stay_on_the_host_longer():
-    """A view's program (runtime positions included) runs on the host for up to
-    ``MOVE_CALLS`` calls, arithmetic for ``COLD_CALLS``; both give CPU's values."""
+def test_small_and_element_moving_programs_stay_on_the_host_longer(monkeypatch):
+    """A view's program (runtime positions included), or any program of small inputs,
+    runs on the host for up to ``LONG_CALLS`` calls; arithmetic on larger inputs for
+    ``COLD_CALLS``. All give CPU's values."""
     import lazyrt
+
+    monkeypatch.setattr(consts, "COLD_SECONDS", 1e9)  # calls decide, not the load
     from lazyrt._exec import hosteval
     from lazyrt._ops import control
 
@@ -272,8 +275,9 @@ def test_programs_that_only_move_elements_stay_on_the_host_longer():
     assert not hosteval.moves_only(jax.make_jaxpr(lambda a: a.astype(np.int32))(
         np.ones(3, np.float32)).jaxpr)
     control.invalidate_compiled()
-    x = torch.randn(6, 8)
-    t = x.to("tpu")
+    x = torch.randn(80, 64)  # over consts.SMALL_ELEMENTS
+    s = torch.randn(6, 8)
+    t, ts = x.to("tpu"), s.to("tpu")
     lazyrt.sync()
     lazyrt.metrics.reset()
     with lazyrt.set_mode("strict"):
@@ -281,4 +285,6 @@ def test_programs_that_only_move_elements_stay_on_the_host_longer():
             assert torch.equal(t[1:4].t().cpu(), x[1:4].t())
             assert torch.equal(t[i % 5].cpu(), x[i % 5])
             assert torch.equal((t * 2).cpu(), x * 2)
+            assert torch.equal((ts * 2).cpu(), s * 2)
+            assert torch.equal((ts + ts).cpu(), s + s)
     assert lazyrt.metrics.counters()["compiles_by_op"] == {"mul": 1}

@@ -41,11 +41,15 @@ DEVICE_CALLS = 8
 COLD_SECONDS = 0.03
 COLD_CALLS = 4
 # A program that only moves elements (``hosteval.moves_only``: a view, a write through
-# one) runs here for up to MOVE_CALLS calls (still within COLD_SECONDS): on the host it is
-# a numpy copy and a transfer, about what its compiled run costs, and tests reuse a view's
-# program a few times over (PyTorch's ``test_tensor_split_indices``: 74 view programs
-# compiled per test with the bound of 4).
-MOVE_CALLS = 64
+# one) or whose inputs hold at most SMALL_ELEMENTS elements runs here for up to LONG_CALLS
+# calls (still within COLD_SECONDS): on the host it costs about what its compiled run
+# costs (a numpy copy, or a few microseconds of arithmetic, and a transfer), and tests use
+# one program a few times over (PyTorch's ``test_tensor_split_indices``: 74 view programs
+# compiled per test with the bound of 4; ``assertEqual``'s ``isnan``, ``eq``, ``mul``, ``sub``
+# on a test's small tensors). A training step's programs of larger tensors are compiled
+# from its 5th step on, as before.
+LONG_CALLS = 64
+SMALL_ELEMENTS = 1 << 12
 COLD_ELEMENTS = 1 << 20
 COLD_ENABLED = os.environ.get("LAZYRT_HOST_EVAL", "1") != "0"
 # (name, input dtypes, output dtypes) of programs hosteval refused: not traced again
@@ -95,7 +99,8 @@ def evaluate(prog, arrays: list, scalars: list):
             host = False  # reads an input's value after all
         prog.host = host
         if host is not False:
-            prog.moves = moves_only(host.jaxpr)
+            prog.host_long = (moves_only(host.jaxpr)
+                              or sum(a.size for a in arrays) <= SMALL_ELEMENTS)
         if host is False:
             _REFUSED.add(key)
             prog.host_calls -= 1
@@ -122,7 +127,7 @@ def evaluate(prog, arrays: list, scalars: list):
 
 def cold_spent(prog) -> bool:
     """Whether a program that reads its inputs has had its runs on the host."""
-    return (prog.host_calls >= (MOVE_CALLS if prog.moves else COLD_CALLS)
+    return (prog.host_calls >= (LONG_CALLS if prog.host_long else COLD_CALLS)
             or prog.host_seconds >= COLD_SECONDS)
 
 
