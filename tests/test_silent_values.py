@@ -198,3 +198,18 @@ def test_more_than_64_dims(mode, case):
     x = torch.arange(2.0).reshape([2] + [1] * 63)
     assert torch.equal(x.to("tpu").sum(0).cpu(), x.sum(0))  # 64 dims: fine
     assert torch.equal(x.to("tpu").amax().cpu(), x.amax())
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sigmoid_extremal_values(mode, dtype):
+    """ATen's complex sigmoid, ``1 / (1 + exp(-x))`` with c10's exp and division: NaN where
+    ``exp(-x)`` overflows to (inf, inf) (XLA's logistic gave 0); large finite values too."""
+    import itertools
+
+    inf, nan = float("inf"), float("nan")
+    re = [0.0, -0.0, 1.5, -30, 88.5, -88.5, 89.5, -89.5, 710, -710, -800, 1e30, -1e30,
+          inf, -inf, nan]
+    im = [0.0, -0.0, 1.0, -3.0, 1e30, inf, -inf, nan]
+    x = torch.tensor([complex(a, b) for a, b in itertools.product(re, im)], dtype=dtype)
+    x = torch.cat([x, torch.randn(500, dtype=dtype, generator=torch.Generator().manual_seed(0)) * 20])
+    torch.testing.assert_close(torch.sigmoid(x.to("tpu")).cpu(), torch.sigmoid(x), equal_nan=True)

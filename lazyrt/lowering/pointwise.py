@@ -477,13 +477,37 @@ def exp(x):
     return jnp.where((im == 0) & ~jnp.isnan(re), lax.complex(jnp.exp(re), im), out)
 
 
+def c10_div(a, b):
+    """Complex ``a / b`` as c10::complex divides (NumPy's algorithm, Smith's): ``1 / (inf +
+    inf j)`` is NaN there, where XLA's complex divide gives 0."""
+    ar, ai, br, bi = jnp.real(a), jnp.imag(a), jnp.real(b), jnp.imag(b)
+    big_r = jnp.abs(br) >= jnp.abs(bi)
+    zero = (br == 0) & (bi == 0)
+    # |re| >= |im|: rat = im / re; otherwise rat = re / im (divisions kept apart by where)
+    num, den = jnp.where(big_r, bi, br), jnp.where(big_r, br, bi)
+    rat = num / jnp.where(zero, 1, den)
+    scl = 1 / (den + num * rat)
+    re = jnp.where(big_r, ar + ai * rat, ar * rat + ai) * scl
+    im = jnp.where(big_r, ai - ar * rat, ai * rat - ar) * scl
+    re = jnp.where(zero, ar / jnp.abs(br), re)
+    im = jnp.where(zero, ai / jnp.abs(bi), im)
+    return lax.complex(re, im)
+
+
+def sigmoid(x):
+    if not jnp.iscomplexobj(x):
+        return jax.nn.sigmoid(x)
+    # ATen's complex sigmoid: 1 / (1 + exp(-x)), c10's exp and division
+    return c10_div(jnp.ones_like(x), 1 + exp(-x))
+
+
 _FLOAT_UNARY = {
     "exp": exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
     "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
-    "sigmoid": jax.nn.sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
+    "sigmoid": sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
     "lgamma": jss.gammaln, "digamma": digamma, "i0": jss.i0, "sinc": jnp.sinc,
     "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg, "reciprocal": jnp.reciprocal,
     "special_i0e": jss.i0e, "special_i1": jss.i1, "special_i1e": jss.i1e,
