@@ -213,3 +213,15 @@ def test_complex_sigmoid_extremal_values(mode, dtype):
     x = torch.tensor([complex(a, b) for a, b in itertools.product(re, im)], dtype=dtype)
     x = torch.cat([x, torch.randn(500, dtype=dtype, generator=torch.Generator().manual_seed(0)) * 20])
     torch.testing.assert_close(torch.sigmoid(x.to("tpu")).cpu(), torch.sigmoid(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32])
+def test_int_pow_of_a_0_dim_tensor_exponent(mode, dtype):
+    """``int_tensor ** tensor(e)``: computed in the dimensioned operand's dtype, as ATen's
+    result type (``uint8 ** tensor(-1)`` wraps the exponent to 255); and the other way."""
+    x = torch.tensor([0, 1, 2, 3, 7, 100], dtype=dtype)
+    for e in (-1, -2, 3, 200):
+        ex = torch.tensor(e)
+        assert_same = torch.testing.assert_close
+        assert_same(torch.pow(x.to("tpu"), ex.to("tpu")).cpu(), torch.pow(x, ex), rtol=0, atol=0)
+        assert_same(torch.pow(ex.to("tpu"), x.to("tpu")).cpu(), torch.pow(ex, x), rtol=0, atol=0)

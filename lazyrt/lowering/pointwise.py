@@ -204,8 +204,15 @@ def fmod(self, other):
 
 def _int_pow(a, e):
     """Integer ``a ** e`` as ATen's ``powi``: square-and-multiply with wraparound over all
-    64 exponent bits; a negative exponent gives 0, except for bases 1 and -1."""
-    dt = jnp.result_type(a, e)
+    64 exponent bits; a negative exponent gives 0, except for bases 1 and -1. Computed in
+    PyTorch's result dtype, where a 0-dim operand does not widen a dimensioned one
+    (``uint8 ** tensor(-1)`` is ``uint8 ** 255``, wrapping, as on CPU)."""
+    if e.ndim == 0 and a.ndim > 0:
+        dt = a.dtype
+    elif a.ndim == 0 and e.ndim > 0:
+        dt = e.dtype
+    else:
+        dt = jnp.result_type(a, e)
     a, e = jnp.broadcast_arrays(a.astype(dt), e.astype(dt))
 
     def body(_, s):
