@@ -225,3 +225,58 @@ def test_int_pow_of_a_0_dim_tensor_exponent(mode, dtype):
         assert_same = torch.testing.assert_close
         assert_same(torch.pow(x.to("tpu"), ex.to("tpu")).cpu(), torch.pow(x, ex), rtol=0, atol=0)
         assert_same(torch.pow(ex.to("tpu"), x.to("tpu")).cpu(), torch.pow(ex, x), rtol=0, atol=0)
+
+
+_INT_BINARY = {
+    "lt": torch.lt, "ge": torch.ge, "eq": torch.eq, "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder, "fmod": torch.fmod,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_true": torch.div, "maximum": torch.maximum, "minimum": torch.minimum,
+    "clamp": lambda a, b: torch.clamp(a, min=b), "rshift": torch.bitwise_right_shift,
+    "lcm": torch.lcm, "logical_and": torch.logical_and, "add_alpha": lambda a, b: a.add(b, alpha=-1),
+    "where": lambda a, b: torch.where(a > 2, a, b), "atan2": torch.atan2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INT_BINARY))
+def test_int_ops_with_a_0_dim_tensor_operand(mode, name):
+    """An integer 0-dim tensor beside a dimensioned integer tensor is converted to the
+    dimensioned one's dtype first, as PyTorch's type promotion: ``uint8 < tensor(-1)``
+    compares with 255 (it compared in int64: False everywhere); true division and float
+    math convert each operand to float instead."""
+    f = _INT_BINARY[name]
+    for dt in (torch.uint8, torch.int8, torch.int32):
+        x = torch.tensor([1, 2, 3, 7, 100, 120], dtype=dt)
+        for ev in (-1, -3, 300, 5, 256):
+            e = torch.tensor(ev)
+            for a, b in ((x, e), (e, x)):
+                if name in ("clamp", "where") and a is e:
+                    continue
+                try:
+                    want = f(a, b)
+                except RuntimeError as ex:  # 256 as uint8 is 0: an integer division by 0
+                    with pytest.raises(RuntimeError, match=str(ex)):
+                        f(a.to("tpu"), b.to("tpu")).cpu()
+                    continue
+                got = f(a.to("tpu"), b.to("tpu")).cpu()
+                assert got.dtype == want.dtype, (dt, ev)
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=0, msg=f"{dt} {ev}")
+
+
+@pytest.mark.parametrize("name", ["floor_divide", "remainder", "fmod", "div_trunc", "ifloordiv"])
+def test_integer_division_by_zero_raises(mode, name):
+    """CPU raises ``ZeroDivisionError`` for an integer division by zero: at the op for a
+    Python or CPU divisor, by the next sync for one on the device; floats divide."""
+    f = {"floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
+         "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+         "ifloordiv": lambda a, b: a.clone().floor_divide_(b)}[name]
+    x, z = torch.tensor([1, 2, 3]), torch.tensor([1, 0, 1])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x, z)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x.to("tpu"), z.to("tpu")).cpu()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(x.to("tpu"), 0)
+    assert torch.equal(f(x.to("tpu"), z.to("tpu") + 1).cpu(), f(x, z + 1))
+    torch.testing.assert_close(f(x.double().to("tpu"), z.to("tpu")).cpu(), f(x.double(), z),
+                               equal_nan=True)

@@ -29,6 +29,7 @@ from .._exec.values import (
 from . import append as _append
 from . import bounds as _bounds
 from . import checks as _checks
+from . import int_checks as _int_checks
 from . import narrow_views as _narrow_views
 from . import positions as _positions
 from . import random_checks as _random_checks
@@ -453,4 +454,5 @@ SPECIAL = {
     **_storage.special_handlers(),
     **_narrow_views.special_handlers(),
     **_random_checks.special_handlers(),
+    **_int_checks.special_handlers(),
 }

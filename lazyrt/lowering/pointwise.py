@@ -922,3 +922,62 @@ def zero(self):
 def masked_fill(self, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
 
+
+
+# ---- integer operands: PyTorch's result type ----------------------------------------------
+
+
+def _torch_int_operands(fn):
+    """``fn`` with its 0-dim integer operands (0-dim tensors, Python ints made runtime
+    values) cast first to the integer dtype of its dimensioned operands, as PyTorch's type
+    promotion does: a 0-dim operand does not widen a dimensioned one of its category. JAX
+    promotes by dtype alone, so ``uint8_tensor < torch.tensor(-1)`` compared in int64
+    (False everywhere) where CPU compares with 255 (True); likewise integer division,
+    remainder, min/max, clamp, shifts and lcm. (Floats keep their value: ATen's kernels
+    read a 0-dim float operand unrounded, in the op's math type.)"""
+
+    def wrapped(*args, **kwargs):
+        vals = [*args, *kwargs.values()]
+        dims = [a.dtype for a in vals if isinstance(a, jax.Array) and a.ndim > 0
+                and a.dtype != jnp.bool_]
+        if not dims or not all(jnp.issubdtype(d, jnp.integer) for d in dims):
+            return fn(*args, **kwargs)
+        common = jnp.result_type(*dims)
+
+        def cast(a):
+            if (isinstance(a, jax.Array) and a.ndim == 0 and a.dtype != common
+                    and jnp.issubdtype(a.dtype, jnp.integer)):
+                return a.astype(common)
+            return a
+
+        return fn(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    wrapped.__module__, wrapped.__qualname__ = fn.__module__, fn.__qualname__
+    wrapped.__wrapped__ = fn
+    return wrapped
+
+
+def _int_operands_as_torch() -> None:
+    import dataclasses
+
+    from ._registry import LOWERINGS
+
+    for op, low in list(LOWERINGS.items()):
+        name = op._opname
+        if (getattr(low.fn, "__module__", None) == __name__ and name in _IN_COMMON_INT
+                and (name != "div" or "mode" in op._overloadname)):
+            LOWERINGS[op] = dataclasses.replace(low, fn=_torch_int_operands(low.fn))
+
+
+# ops whose integer operands PyTorch converts to their common integer dtype before it
+# computes (true division and float math convert each operand to float instead; ``pow``:
+# ``_int_pow``)
+_IN_COMMON_INT = frozenset((
+    "eq", "ne", "lt", "le", "gt", "ge", "floor_divide", "remainder", "fmod", "div",
+    "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
+    "__rshift__", "gcd", "lcm", "add", "sub", "rsub", "mul", "where", "heaviside",
+    "logical_and", "logical_or", "logical_xor"))
+
+
+_int_operands_as_torch()
