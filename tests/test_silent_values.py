@@ -280,3 +280,36 @@ def test_integer_division_by_zero_raises(mode, name):
     assert torch.equal(f(x.to("tpu"), z.to("tpu") + 1).cpu(), f(x, z + 1))
     torch.testing.assert_close(f(x.double().to("tpu"), z.to("tpu")).cpu(), f(x.double(), z),
                                equal_nan=True)
+
+
+_FILLS = {
+    "fill_": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).fill_(v),
+    "full": lambda d, dt, v: torch.full((3,), v, dtype=dt, device=d),
+    "new_full": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).new_full((2,), v),
+    "masked_fill": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).masked_fill(
+        torch.tensor([True, False, True], device=d), v),
+    "index_fill_": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).index_fill_(
+        0, torch.tensor([1], device=d), v),
+    "clamp": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).clamp(max=v),
+    "scatter": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).scatter(
+        0, torch.tensor([1], device=d), v),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FILLS))
+def test_a_python_number_that_overflows_the_dtype_raises(mode, name):
+    """c10's ``checked_convert``: "value cannot be converted to type uint8_t without
+    overflow" at the op, as CPU (it wrapped: 300 filled 44); values that fit (-1 in uint8
+    wraps to 255, as on CPU) give CPU's result."""
+    f = _FILLS[name]
+    for dt, vals in ((torch.uint8, (300, -1, 255, -256, -257)), (torch.int8, (127, 128, -129)),
+                     (torch.float16, (1e5, 65504.0, float("inf")))):
+        for v in vals:
+            try:
+                want = f("cpu", dt, v)
+            except RuntimeError as ex:
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    f("tpu", dt, v)
+                assert "without overflow" in str(ex)
+                continue
+            assert torch.equal(f("tpu", dt, v).cpu(), want), (dt, v)

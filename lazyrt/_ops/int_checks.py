@@ -1,9 +1,14 @@
-"""ATen's checks on integer math that XLA does not make: an integer division by zero
-(``floor_divide``, ``remainder``, ``fmod``, ``div`` with a rounding mode) raises
-``RuntimeError: ZeroDivisionError`` as CPU does, where XLA gives a value. A divisor known
-on the host (a Python number, a CPU tensor) is checked at the op; one on the device by an
-asynchronous assert read at the next sync point (``_exec.asserts``; at once in debug
-mode), as an index check is."""
+"""ATen's checks that XLA does not make, each of which left a value where CPU raises:
+
+* an integer division by zero (``floor_divide``, ``remainder``, ``fmod``, ``div`` with a
+  rounding mode) raises ``RuntimeError: ZeroDivisionError``. A divisor known on the host
+  (a Python number, a CPU tensor) is checked at the op; one on the device by an
+  asynchronous assert read at the next sync point (``_exec.asserts``; at once in debug
+  mode), as an index check is;
+* a Python number converted to a tensor's dtype (``fill_``, ``full``, ``masked_fill``,
+  ``index_fill``, ``scatter``, ``clamp``) raises c10's ``checked_convert`` error when it
+  overflows the dtype ("value cannot be converted to type uint8_t without overflow"),
+  where XLA wrapped it (300 filled 44)."""
 from __future__ import annotations
 
 import numbers
@@ -79,3 +84,71 @@ def special_handlers() -> dict:
                      aten.fmod, aten.fmod_)
     ops += [op for op in _overloads(aten.div, aten.div_) if "mode" in op._overloadname]
     return dict.fromkeys(ops, division_checked)
+
+
+# ---- Python scalars converted to a tensor's dtype: c10's checked_convert ----------------
+
+# verdicts of converting (dtype, type, value): None or the exception CPU raises
+_VERDICTS: dict = {}
+
+
+def check_convert(v, dtype) -> None:
+    """Raise what CPU raises converting the Python number ``v`` to ``dtype`` (c10's
+    ``checked_convert``: "value cannot be converted to type uint8_t without overflow"):
+    CPU's own conversion, once per (dtype, value)."""
+    key = (dtype, type(v), v)
+    verdict = _VERDICTS.get(key, key)
+    if verdict is key:
+        try:
+            # NOTE: two elements: CPU's one-element fill converts a float unchecked
+            torch.empty(2, dtype=dtype).fill_(v)
+            verdict = None
+        except RuntimeError as ex:
+            verdict = ex
+        if len(_VERDICTS) > 4096:
+            _VERDICTS.clear()
+        _VERDICTS[key] = verdict
+    if verdict is not None:
+        raise RuntimeError(str(verdict))
+
+
+def _scalar_target(e, args, kwargs, name):
+    if name == "fill_value":  # full: its dtype (none given: one that holds the value)
+        return _arg(e, args, kwargs, "dtype")
+    self = args[0] if args else _arg(e, args, kwargs, "self")
+    if name in ("min", "max"):  # clamp: the result type
+        return torch.result_type(self, _arg(e, args, kwargs, name))
+    return self.dtype
+
+
+def scalar_checked(inner, names):
+    """``inner`` (a handler; None: the op's plain one) after ``checked_convert`` of its
+    Python number arguments ``names``."""
+
+    def handler(e, args, kwargs):
+        for name in names:
+            v = _arg(e, args, kwargs, name)
+            # (a complex number on a real tensor: the op's own error, not this one)
+            if isinstance(v, numbers.Number) and not isinstance(v, (bool, complex)):
+                dtype = _scalar_target(e, args, kwargs, name)
+                if dtype is not None and dtype != torch.bool:
+                    check_convert(v, dtype)
+        if inner is not None:
+            return inner(e, args, kwargs)
+        return (mutating if e.mut else functional)(e, args, kwargs)
+
+    return handler
+
+
+def checked_scalar_ops() -> dict:
+    """op -> the Python number arguments ATen converts with ``checked_convert``."""
+    return {
+        aten.fill.Scalar: ("value",), aten.fill_.Scalar: ("value",),
+        aten.masked_fill.Scalar: ("value",), aten.masked_fill_.Scalar: ("value",),
+        aten.index_fill.int_Scalar: ("value",), aten.index_fill_.int_Scalar: ("value",),
+        aten.scatter.value: ("value",), aten.scatter_.value: ("value",),
+        aten.full.default: ("fill_value",),
+        aten.clamp.default: ("min", "max"), aten.clamp_.default: ("min", "max"),
+        aten.clamp_min.default: ("min",), aten.clamp_min_.default: ("min",),
+        aten.clamp_max.default: ("max",), aten.clamp_max_.default: ("max",),
+    }

@@ -456,3 +456,6 @@ SPECIAL = {
     **_random_checks.special_handlers(),
     **_int_checks.special_handlers(),
 }
+
+for _op, _names in _int_checks.checked_scalar_ops().items():
+    SPECIAL[_op] = _int_checks.scalar_checked(SPECIAL.get(_op), _names)
