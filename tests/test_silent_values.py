@@ -286,6 +286,9 @@ _FILLS = {
     "fill_": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).fill_(v),
     "full": lambda d, dt, v: torch.full((3,), v, dtype=dt, device=d),
     "new_full": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).new_full((2,), v),
+    "full_like": lambda d, dt, v: torch.full_like(torch.zeros(3, dtype=dt, device=d), v),
+    "where": lambda d, dt, v: torch.where(torch.tensor([True, False, True], device=d),
+                                          torch.zeros(3, dtype=dt, device=d), v),
     "masked_fill": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).masked_fill(
         torch.tensor([True, False, True], device=d), v),
     "index_fill_": lambda d, dt, v: torch.zeros(3, dtype=dt, device=d).index_fill_(

@@ -5,10 +5,10 @@
   (a Python number, a CPU tensor) is checked at the op; one on the device by an
   asynchronous assert read at the next sync point (``_exec.asserts``; at once in debug
   mode), as an index check is;
-* a Python number converted to a tensor's dtype (``fill_``, ``full``, ``masked_fill``,
-  ``index_fill``, ``scatter``, ``clamp``) raises c10's ``checked_convert`` error when it
-  overflows the dtype ("value cannot be converted to type uint8_t without overflow"),
-  where XLA wrapped it (300 filled 44)."""
+* a Python number converted to a tensor's dtype (``fill_``, ``full``, ``full_like``,
+  ``scalar_tensor``, ``masked_fill``, ``index_fill``, ``scatter``, ``clamp``) raises
+  c10's ``checked_convert`` error when it overflows the dtype ("value cannot be
+  converted to type uint8_t without overflow"), where XLA wrapped it (300 filled 44)."""
 from __future__ import annotations
 
 import numbers
@@ -92,16 +92,17 @@ def special_handlers() -> dict:
 _VERDICTS: dict = {}
 
 
-def check_convert(v, dtype) -> None:
+def check_convert(v, dtype, one: bool = False) -> None:
     """Raise what CPU raises converting the Python number ``v`` to ``dtype`` (c10's
     ``checked_convert``: "value cannot be converted to type uint8_t without overflow"):
-    CPU's own conversion, once per (dtype, value)."""
-    key = (dtype, type(v), v)
+    CPU's own conversion, once per (dtype, value). ``one``: as CPU fills one element
+    (its fast path converts a float unchecked: ``scalar_tensor``, a one-element
+    ``fill_``)."""
+    key = (dtype, type(v), v, one)
     verdict = _VERDICTS.get(key, key)
     if verdict is key:
         try:
-            # NOTE: two elements: CPU's one-element fill converts a float unchecked
-            torch.empty(2, dtype=dtype).fill_(v)
+            torch.empty(1 if one else 2, dtype=dtype).fill_(v)
             verdict = None
         except RuntimeError as ex:
             verdict = ex
@@ -113,9 +114,10 @@ def check_convert(v, dtype) -> None:
 
 
 def _scalar_target(e, args, kwargs, name):
-    if name == "fill_value":  # full: its dtype (none given: one that holds the value)
-        return _arg(e, args, kwargs, "dtype")
     self = args[0] if args else _arg(e, args, kwargs, "self")
+    if name in ("fill_value", "s"):  # full: its dtype (none given: one that holds the value)
+        dtype = _arg(e, args, kwargs, "dtype")
+        return self.dtype if dtype is None and e.op._opname == "full_like" else dtype
     if name in ("min", "max"):  # clamp: the result type
         return torch.result_type(self, _arg(e, args, kwargs, name))
     return self.dtype
@@ -132,7 +134,10 @@ def scalar_checked(inner, names):
             if isinstance(v, numbers.Number) and not isinstance(v, (bool, complex)):
                 dtype = _scalar_target(e, args, kwargs, name)
                 if dtype is not None and dtype != torch.bool:
-                    check_convert(v, dtype)
+                    op = e.op._opname
+                    one = op == "scalar_tensor" or (op in ("fill", "fill_")
+                                                    and args[0].numel() == 1)
+                    check_convert(v, dtype, one)
         if inner is not None:
             return inner(e, args, kwargs)
         return (mutating if e.mut else functional)(e, args, kwargs)
@@ -147,7 +152,8 @@ def checked_scalar_ops() -> dict:
         aten.masked_fill.Scalar: ("value",), aten.masked_fill_.Scalar: ("value",),
         aten.index_fill.int_Scalar: ("value",), aten.index_fill_.int_Scalar: ("value",),
         aten.scatter.value: ("value",), aten.scatter_.value: ("value",),
-        aten.full.default: ("fill_value",),
+        aten.full.default: ("fill_value",), aten.scalar_tensor.default: ("s",),
+        aten.full_like.default: ("fill_value",),
         aten.clamp.default: ("min", "max"), aten.clamp_.default: ("min", "max"),
         aten.clamp_min.default: ("min",), aten.clamp_min_.default: ("min",),
         aten.clamp_max.default: ("max",), aten.clamp_max_.default: ("max",),

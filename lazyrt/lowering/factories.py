@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ._registry import aten, lower
 from ._util import jdt
@@ -9,6 +10,14 @@ from ._util import jdt
 
 def _dt(dtype, default=jnp.float32):
     return jdt(dtype) if dtype is not None else default
+
+
+def _value(v, dt):
+    """A Python int for an integer dtype, wrapped as C++ converts it (-1 is 255 in uint8;
+    the values that overflow raised at the op: ``_ops.int_checks``); JAX refuses it."""
+    if dt is not None and type(v) is int and jnp.issubdtype(dt, jnp.integer):
+        return np.asarray(v, np.int64).astype(dt)
+    return v
 
 
 @lower(aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default,
@@ -25,12 +34,14 @@ def ones(size, *args, dtype=None, **_):
 
 @lower(aten.full.default)
 def full(size, fill_value, *args, dtype=None, **_):
-    return jnp.full(tuple(size), fill_value, _dt(dtype, None))
+    dt = _dt(dtype, None)
+    return jnp.full(tuple(size), _value(fill_value, dt), dt)
 
 
 @lower(aten.scalar_tensor.default)
 def scalar_tensor(s, *, dtype=None, **_):
-    return jnp.asarray(s, _dt(dtype, None))
+    dt = _dt(dtype, None)
+    return jnp.asarray(_value(s, dt), dt)
 
 
 @lower(aten.empty_like.default, aten.zeros_like.default, aten.new_empty.default,
@@ -48,12 +59,14 @@ def ones_like(self, *args, dtype=None, **_):
 
 @lower(aten.full_like.default)
 def full_like(self, fill_value, *, dtype=None, **_):
-    return jnp.full(self.shape, fill_value, _dt(dtype, self.dtype))
+    dt = _dt(dtype, self.dtype)
+    return jnp.full(self.shape, _value(fill_value, dt), dt)
 
 
 @lower(aten.new_full.default)
 def new_full(self, size, fill_value, *, dtype=None, **_):
-    return jnp.full(tuple(size), fill_value, _dt(dtype, self.dtype))
+    dt = _dt(dtype, self.dtype)
+    return jnp.full(tuple(size), _value(fill_value, dt), dt)
 
 
 @lower(aten.arange.default, aten.arange.start, aten.arange.start_step, static_floats=True)
