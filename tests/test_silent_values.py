@@ -316,3 +316,17 @@ def test_a_python_number_that_overflows_the_dtype_raises(mode, name):
                 assert "without overflow" in str(ex)
                 continue
             assert torch.equal(f("tpu", dt, v).cpu(), want), (dt, v)
+
+
+def test_index_put_of_another_dtype_raises(mode):
+    """ATen's ``index_put_`` (and ``x[i] = v``) does not cast: its error, not a cast value."""
+    x, i = torch.zeros(3, dtype=torch.uint8), torch.tensor([1])
+    for v in (torch.tensor([300]), torch.tensor([3.0])):
+        with pytest.raises(RuntimeError) as cpu:
+            x.clone().index_put_((i,), v)
+        with pytest.raises(RuntimeError) as tpu:
+            x.to("tpu").index_put_((i.to("tpu"),), v.to("tpu"))
+        assert str(tpu.value) == str(cpu.value)
+    y = x.to("tpu")
+    y[i.to("tpu")] = torch.tensor([3], dtype=torch.uint8).to("tpu")
+    assert y.cpu().tolist() == [0, 3, 0]

@@ -11,6 +11,7 @@ import torch
 
 from .._base import source as _source
 from .._base.config import config
+from .._base.dtypes import scalar_type_name
 from .._base.ir import Pending
 from .._base.tensor import TpuTensor
 from .._exec import asserts as _asserts
@@ -271,6 +272,11 @@ def index(e, args, kwargs):
 def index_put(e, args, kwargs):
     x, indices, values = args[0], args[1], args[2]
     rest = tuple(args[3:])
+    if values.dtype != x.dtype:  # ATen's index_put_ (``x[i] = v`` too): no cast
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(x.dtype)} for the destination and "
+            f"{scalar_type_name(values.dtype)} for the source.")
     checks = _bounds.index_checks(x, indices)
     # x[mask] = v, v one value or a row of x's trailing dims: a where(), no sync and one
     # program per shape (a mask's nonzero count would make a new program per count)
