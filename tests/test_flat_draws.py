@@ -63,10 +63,9 @@ def test_flat_draws_equal_each_shapes_own_program(mode, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_one_compile_per_length_and_a_shape_drawn_often_compiles_its_own(monkeypatch):
+def test_one_compile_per_length_and_the_fifth_call_compiles_its_own(monkeypatch):
     """Strict (defer's cold flushes run these programs too, and compile a trace's own at
     its 5th flush: ``test_cold_flush.py``)."""
-    monkeypatch.setattr(flatdraw, "FLAT_CALLS", 6)
     monkeypatch.setattr(consts, "COLD_SECONDS", 1e9)  # calls decide, not the load
     control.invalidate_compiled()
     lazyrt.metrics.reset()
@@ -78,11 +77,11 @@ def test_one_compile_per_length_and_a_shape_drawn_often_compiles_its_own(monkeyp
     assert c["flat_draws"] == 6
     assert c["compiles_by_op"] == {"randn": 1}
     assert all(t.isfinite().all() for t in cpu) and len({t.sum().item() for t in cpu}) == 6
-    for _ in range(8):
+    for _ in range(consts.COLD_CALLS + 3):
         torch.randn(4, 9, device="tpu").cpu()
     c = lazyrt.metrics.counters()
-    assert c["flat_draws"] == 6 + 6
-    assert c["compiles_by_op"] == {"randn": 2}  # (4, 9)'s own program, at its 7th call
+    assert c["flat_draws"] == 6 + consts.COLD_CALLS
+    assert c["compiles_by_op"] == {"randn": 2}  # (4, 9)'s own program, at its 5th call
 
 
 def test_a_draw_into_a_view_is_right():

@@ -29,7 +29,7 @@ class Prog:
     __slots__ = ("uid", "name", "fn", "scalar_kinds", "out_avals", "exe", "mem", "desc", "op",
                  "out_nbytes", "const", "graph", "flush_misses", "host", "host_calls",
                  "host_seconds",
-                 "direct", "donate", "sig", "flat", "host_long")
+                 "direct", "donate", "sig", "flat")
 
     def __init__(self, name: str, fn, scalar_kinds: tuple, out_avals: tuple, desc: str = "", op=None,
                  const: bool = False):
@@ -61,9 +61,6 @@ class Prog:
         self.host_calls = 0
         # time its runs on the host took (a program that reads inputs: ``_exec.consts``)
         self.host_seconds = 0.0
-        # its host runs go on for ``consts.LONG_CALLS`` calls (a small or element-moving
-        # program), not ``consts.COLD_CALLS``
-        self.host_long = False
         # positions of array inputs the executable may reuse (``jax_op``'s ``donate``)
         self.donate = ()
         # what the program is, in lazyrt's own terms (op, static arguments, avals: a plan's

@@ -25,7 +25,7 @@ import jax.extend.core as jcore
 import numpy as np
 
 from .._base.platform import on_cpu
-from .hosteval import DATA, evaluate_jaxpr, moves_only
+from .hosteval import DATA, evaluate_jaxpr
 
 DEVICE_CALLS = 8
 # On the CPU platform, a program that reads its inputs is evaluated here on its first
@@ -40,19 +40,10 @@ DEVICE_CALLS = 8
 # ``LAZYRT_HOST_EVAL=0`` turns this off (constants are still made here).
 COLD_SECONDS = 0.03
 COLD_CALLS = 4
-# A program that only moves elements (``hosteval.moves_only``: a view, a write through
-# one) or whose inputs hold at most SMALL_ELEMENTS elements runs here for up to LONG_CALLS
-# calls (still within COLD_SECONDS): on the host it costs about what its compiled run
-# costs (a numpy copy, or a few microseconds of arithmetic, and a transfer), and tests use
-# one program a few times over (PyTorch's ``test_tensor_split_indices``: 74 view programs
-# compiled per test with the bound of 4; ``assertEqual``'s ``isnan``, ``eq``, ``mul``, ``sub``
-# on a test's small tensors). A training step's programs of larger tensors are compiled
-# from its 5th step on, as before.
-LONG_CALLS = 64
-SMALL_ELEMENTS = 1 << 12
 COLD_ELEMENTS = 1 << 20
 COLD_ENABLED = os.environ.get("LAZYRT_HOST_EVAL", "1") != "0"
-# (name, input dtypes, output dtypes) of programs hosteval refused: not traced again
+# (name, static arguments, input dtypes, output dtypes) of programs hosteval refused: not
+# traced again
 _REFUSED: set = set()
 # ``LAZYRT_HOST_CONSTANTS=0`` turns it off (every constant is compiled, as any program).
 ENABLED = os.environ.get("LAZYRT_HOST_CONSTANTS", "1") != "0"
@@ -82,7 +73,9 @@ def evaluate(prog, arrays: list, scalars: list):
     prog.host_calls += 1
     if prog.host_calls > DEVICE_CALLS and not cpu:
         return None
-    key = (prog.name, tuple(a.dtype for a in arrays), tuple(d for _, d in prog.out_avals))
+    # (the static arguments too: one view program refused is not every view's verdict)
+    key = (prog.name, prog.desc, tuple(a.dtype for a in arrays),
+           tuple(d for _, d in prog.out_avals))
     if host is None:
         if key in _REFUSED:
             prog.host = False
@@ -98,9 +91,6 @@ def evaluate(prog, arrays: list, scalars: list):
                 and _used(host.jaxpr) & set(host.jaxpr.invars[:len(arrays)])):
             host = False  # reads an input's value after all
         prog.host = host
-        if host is not False:
-            prog.host_long = (moves_only(host.jaxpr)
-                              or sum(a.size for a in arrays) <= SMALL_ELEMENTS)
         if host is False:
             _REFUSED.add(key)
             prog.host_calls -= 1
@@ -127,8 +117,7 @@ def evaluate(prog, arrays: list, scalars: list):
 
 def cold_spent(prog) -> bool:
     """Whether a program that reads its inputs has had its runs on the host."""
-    return (prog.host_calls >= (LONG_CALLS if prog.host_long else COLD_CALLS)
-            or prog.host_seconds >= COLD_SECONDS)
+    return prog.host_calls >= COLD_CALLS or prog.host_seconds >= COLD_SECONDS
 
 
 def _used(jaxpr) -> set:

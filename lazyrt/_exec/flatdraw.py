@@ -2,11 +2,14 @@
 
 A random plan whose draw is made element by element (``_ops.flat_draws``) gets
 ``prog.flat``: N -> the same draw over N elements, flat, one Prog for every shape. On the
-CPU platform its first calls (``FLAT_CALLS``, within ``consts.COLD_SECONDS`` of their own
-time) run the flat draw of the next power of two at or above its size (at least
-``MIN_LENGTH``), take the first elements and reshape them: bit for bit the draw of that
-shape, with one compile per length instead of one per shape. Then it compiles the plan's
-own program, so a loop's draws run one executable, with no copy.
+CPU platform its first ``consts.COLD_CALLS`` calls (within ``consts.COLD_SECONDS`` of
+their own time: the host runs' bounds) run the flat draw of the next power of two at or
+above its size (at least ``MIN_LENGTH``), take the first elements and reshape them: bit
+for bit the draw of that shape, with one compile per length instead of one per shape.
+Its 5th call compiles the plan's own program, so a loop's draws run one executable, with
+no copy, and a warmed-up loop compiles nothing more. (A bound of 64 calls saved more on
+PyTorch's ``test_view_ops``, which draws each random shape 4-20 times: 347 s -> 244 s
+against 407 s -> 363 s, but a loop then compiled its draws after its warm-up.)
 
 Why: a draw compiles for 0.2-0.5 s on the 2-core machine (threefry, and ``erfinv`` for
 ``randn``), and tests draw inputs of many shapes (PyTorch's ``test_view_ops``, random
@@ -28,11 +31,6 @@ from . import consts as _consts
 MIN_LENGTH = 64
 # off: every draw compiles its own program (``perf.flat_draws``'s comparison)
 ENABLED = True
-# A shape's draws are flat until FLAT_CALLS of them, or until they have taken
-# ``consts.COLD_SECONDS``; then its own program is compiled. Not host runs' 4 calls: tests
-# draw one shape a few times over (PyTorch's ``test_atleast`` draws each random shape 4-20
-# times), and a flat draw of that shape costs a copy of its elements, not a compile.
-FLAT_CALLS = 64
 
 
 def length(n: int) -> int:
@@ -46,7 +44,7 @@ def run(prog, arrays: list, scalars: list, run_prog):
     its cold calls."""
     make = prog.flat
     if make is None or not ENABLED or not _consts.COLD_ENABLED or not _consts.on_cpu() \
-            or prog.host_calls >= FLAT_CALLS or prog.host_seconds >= _consts.COLD_SECONDS:
+            or _consts.cold_spent(prog):
         return None
     (shape, _), = prog.out_avals
     n = math.prod(shape)

@@ -373,31 +373,6 @@ def _random_split(key, p, aval):
     return np.stack([b1, b2], axis=b1.ndim)
 
 
-# primitives that only move elements (no arithmetic, no conversion)
-_MOVES = frozenset(("reshape", "squeeze", "expand_dims", "transpose", "rev", "slice",
-                    "broadcast_in_dim", "dynamic_slice", "dynamic_update_slice", "concatenate",
-                    "split", "copy", "copy_p"))
-
-
-def moves_only(jaxpr) -> bool:
-    """Whether ``jaxpr`` only moves its inputs' elements (a view's derivation, a write
-    through a view), with integer arithmetic on scalars only (runtime positions): its
-    result on the host is a copy, as the compiled program's is."""
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ("pjit", "jit", "closed_call"):
-            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            if not moves_only(inner.jaxpr):
-                return False
-        elif name not in _MOVES and not all(_int_scalar(v.aval) for v in eqn.outvars):
-            return False
-    return True
-
-
-def _int_scalar(aval) -> bool:
-    return aval.shape == () and _key_impl(aval) is None and _int(np.dtype(aval.dtype))
-
-
 def evaluate_jaxpr(jaxpr, consts, args) -> list | None:
     """``jaxpr``'s outputs from numpy ``args`` (None for an input whose value it never
     reads), or where the result might not be XLA:CPU's bit for bit: None (for any

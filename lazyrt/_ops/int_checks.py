@@ -74,6 +74,9 @@ def division_checked(e, args, kwargs):
     return (mutating if e.mut else functional)(e, args, kwargs)
 
 
+division_checked.value_ints = True
+
+
 def _overloads(*packets) -> list:
     return [getattr(p, n) for p in packets for n in p.overloads()]
 
@@ -142,6 +145,8 @@ def scalar_checked(inner, names):
             return inner(e, args, kwargs)
         return (mutating if e.mut else functional)(e, args, kwargs)
 
+    # the lowered op's runtime int arguments stay runtime (``resolve``, ``value_ints``)
+    handler.value_ints = inner is None
     return handler
 
 

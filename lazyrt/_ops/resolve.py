@@ -98,7 +98,10 @@ class OpEntry(Schema):
             self._use(r.lowering, derived=r.lowering.op is not op)
         # value ints as runtime ints (``value_ints``): lowered ops with runtime floats
         self.int_slots = ((), ())
-        if r.how in ("lowered", "derived") and not self.static_floats:
+        # (a special handler that only checks, then runs the lowered op, keeps them:
+        # ``_ops.int_checks``)
+        if (r.how in ("lowered", "derived") or getattr(r.special, "value_ints", False)) \
+                and not self.static_floats:
             self.int_slots = _value_ints.slots(op)
         if r.how == "lowered":
             self.handler = self._handler_for_lowering()
