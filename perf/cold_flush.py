@@ -69,15 +69,17 @@ ROWS = (("defer, every flush compiled", "defer", {"LAZYRT_HOST_EVAL": "0"}),
         ("strict", "strict", {}))
 
 
-def _start(family: str, step: int, mode: str, extra: dict) -> subprocess.Popen:
+def start_proxy(code: str, argv: list, mode: str, extra: dict) -> subprocess.Popen:
+    """``code`` run in a fresh process on the CPU platform in ``mode``, with no disk cache
+    (``perf.flat_draws`` uses it too); its last stdout line is its JSON result."""
     env = dict(os.environ, TORCH_TPU_MODE=mode, LAZYRT_CACHE_DIR="off", JAX_PLATFORMS="cpu",
                **extra)
     env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-c", _PROXY, family, str(step)], env=env,
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, argv)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _result(p: subprocess.Popen) -> dict:
+def proxy_result(p: subprocess.Popen) -> dict:
     out, err = p.communicate()
     if p.returncode:
         raise RuntimeError(f"proxy failed (exit {p.returncode}):\n{err[-3000:]}")
@@ -93,10 +95,11 @@ def main(argv=None) -> int:
     print("| family | row | s | ratio to first row | compiles | cold flushes | cases | failed |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for family in a.family.split(","):
-        procs = [(label, _start(family, a.step, mode, extra)) for label, mode, extra in ROWS]
+        procs = [(label, start_proxy(_PROXY, [family, a.step], mode, extra))
+                 for label, mode, extra in ROWS]
         base = None
         for label, p in procs:
-            r = _result(p)
+            r = proxy_result(p)
             base = base or r["seconds"]
             print(f"| {family} | {label} | {r['seconds']:.1f} | {r['seconds'] / base:.2f} | "
                   f"{r['compiles']} | {r['cold_flushes']} | {r['cases']} | {r['failed']} |",

@@ -15,12 +15,10 @@ Columns: wall seconds, programs compiled (``cache_misses``), draws made flat
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cold_flush import proxy_result, start_proxy
 
 _PROXY = r"""
 import hashlib, json, random, sys, time
@@ -49,20 +47,6 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "compiles": c["cache_miss
 ROWS = (("one compile per shape", "0"), ("flat draws", "1"))
 
 
-def _start(shapes: int, mode: str, flat: str) -> subprocess.Popen:
-    env = dict(os.environ, TORCH_TPU_MODE=mode, LAZYRT_CACHE_DIR="off", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-c", _PROXY, str(shapes), flat], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p: subprocess.Popen) -> dict:
-    out, err = p.communicate()
-    if p.returncode:
-        raise RuntimeError(f"proxy failed (exit {p.returncode}):\n{err[-3000:]}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", type=int, default=30)
@@ -72,10 +56,10 @@ def main(argv=None) -> int:
           f"{a.mode}")
     print("| row | s | ratio to first row | compiles | flat draws | values (digest) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    procs = [(label, _start(a.shapes, a.mode, flat)) for label, flat in ROWS]
+    procs = [(label, start_proxy(_PROXY, [a.shapes, flat], a.mode, {})) for label, flat in ROWS]
     base = None
     for label, p in procs:
-        r = _result(p)
+        r = proxy_result(p)
         base = base or r["seconds"]
         print(f"| {label} | {r['seconds']:.1f} | {r['seconds'] / base:.2f} | {r['compiles']} | "
               f"{r['flat_draws']} | {r['digest']} |", flush=True)

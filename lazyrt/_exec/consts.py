@@ -68,10 +68,7 @@ def evaluate(prog, arrays: list, scalars: list):
                            or sum(a.size for a in arrays) > COLD_ELEMENTS):
         return None
     t0 = time.perf_counter()
-    # NOTE: undone where the program is refused here: a call made elsewhere before its
-    # compile (``flatdraw``) counts its own
-    prog.host_calls += 1
-    if prog.host_calls > DEVICE_CALLS and not cpu:
+    if prog.host_calls >= DEVICE_CALLS and not cpu:
         return None
     # (the static arguments too: one view program refused is not every view's verdict)
     key = (prog.name, prog.desc, tuple(a.dtype for a in arrays),
@@ -79,7 +76,6 @@ def evaluate(prog, arrays: list, scalars: list):
     if host is None:
         if key in _REFUSED:
             prog.host = False
-            prog.host_calls -= 1
             return None
         try:
             with jax.enable_x64(True):
@@ -93,7 +89,6 @@ def evaluate(prog, arrays: list, scalars: list):
         prog.host = host
         if host is False:
             _REFUSED.add(key)
-            prog.host_calls -= 1
             return None
     try:
         ins = [None] * len(arrays) if prog.const else [np.asarray(a) for a in arrays]
@@ -105,12 +100,14 @@ def evaluate(prog, arrays: list, scalars: list):
     if outs is None:
         prog.host = False
         _REFUSED.add(key)
-        prog.host_calls -= 1
         return None
     if outs is DATA:  # this call's values (a denormal, an empty reduction): compile
         return None
     with jax.enable_x64(True):
         outs = [jax.device_put(np.array(o, order="C"), dev) for o in outs]
+    # (a call made here; a refused program's calls are counted where they run:
+    # ``flatdraw``)
+    prog.host_calls += 1
     prog.host_seconds += time.perf_counter() - t0
     return outs
 

@@ -7,10 +7,30 @@ import warnings
 
 import torch
 
+from .._base import source as _source
+from .._base.config import config
 from .._base.dtypes import scalar_type_name as _scalar_type_name
+from .._exec import asserts as _asserts
+from .._exec.values import concrete, new_tensor, value
 from .handlers import functional, mutating, restride, via_functional
 
 aten = torch.ops.aten
+
+
+def require(e, ok, message: str) -> None:
+    """ATen's check of a tensor's values: ``ok`` (one bool element) false raises
+    ``RuntimeError(message)``; at once where ``ok`` is on the CPU, else by an asynchronous
+    assert read at the next sync point (``_exec.asserts``; at once in debug mode), as
+    CUDA's device-side assert."""
+    if ok.device.type == "cpu":
+        if not ok.item():
+            raise RuntimeError(message)
+        return
+    where = f"{e.name} at {_source.user_line(3)}"
+    if config.mode == "debug":
+        _asserts.check_now(concrete(ok), message, where)
+    else:
+        _asserts.add(new_tensor(value(ok))._st, message, where)
 
 
 def nonzero_out(e, args, kwargs):

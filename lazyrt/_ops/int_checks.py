@@ -15,10 +15,7 @@ import numbers
 
 import torch
 
-from .._base import source as _source
-from .._base.config import config
-from .._exec import asserts as _asserts
-from .._exec.values import concrete, new_tensor, value
+from .checks import require
 from .handlers import functional, mutating
 
 aten = torch.ops.aten
@@ -54,16 +51,7 @@ def check_divisor(e, self, other) -> None:
         return
     if other.dtype != common:
         other = aten._to_copy.default(other.detach(), dtype=common)
-    nonzero = aten.all.default(aten.ne.Scalar(other.detach(), 0))
-    if nonzero.device.type == "cpu":
-        if not nonzero.item():
-            raise RuntimeError(_ZERO_DIV)
-        return
-    where = f"{e.name} at {_source.user_line(3)}"
-    if config.mode == "debug":
-        _asserts.check_now(concrete(nonzero), _ZERO_DIV, where)
-    else:
-        _asserts.add(new_tensor(value(nonzero))._st, _ZERO_DIV, where)
+    require(e, aten.all.default(aten.ne.Scalar(other.detach(), 0)), _ZERO_DIV)
 
 
 def division_checked(e, args, kwargs):
@@ -101,7 +89,7 @@ def check_convert(v, dtype, one: bool = False) -> None:
     CPU's own conversion, once per (dtype, value). ``one``: as CPU fills one element
     (its fast path converts a float unchecked: ``scalar_tensor``, a one-element
     ``fill_``)."""
-    key = (dtype, type(v), v, one)
+    key = (dtype, type(v), "nan" if v != v else v, one)  # (NaN: one key, not a new one)
     verdict = _VERDICTS.get(key, key)
     if verdict is key:
         try:

@@ -10,13 +10,10 @@ import warnings
 
 import torch
 
-from .._base import source as _source
-from .._base.config import config
 from .._base.dtypes import scalar_type_name as _scalar_type_name
 from .._base.source import is_library_file
-from .._exec import asserts as _asserts
-from .._exec.values import concrete, new_tensor, value
 from ..lowering import random_ops as _r
+from .checks import require
 from .handlers import functional, mutating
 
 aten = torch.ops.aten
@@ -204,16 +201,7 @@ def check_normal_std(e, std) -> None:
         raise RuntimeError("normal expects standard deviation to be non-complex")
     if not std.numel():
         return
-    ok = aten.ge.Scalar(aten.min.default(std.detach()), 0)
-    if ok.device.type == "cpu":
-        if not ok.item():
-            raise RuntimeError(_STD_TENSOR_MSG)
-        return
-    where = f"{e.name} at {_source.user_line(3)}"
-    if config.mode == "debug":
-        _asserts.check_now(concrete(ok), _STD_TENSOR_MSG, where)
-    else:
-        _asserts.add(new_tensor(value(ok))._st, _STD_TENSOR_MSG, where)
+    require(e, aten.ge.Scalar(aten.min.default(std.detach()), 0), _STD_TENSOR_MSG)
 
 
 def normal_checked(e, args, kwargs):

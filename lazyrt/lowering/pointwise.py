@@ -204,15 +204,9 @@ def fmod(self, other):
 
 def _int_pow(a, e):
     """Integer ``a ** e`` as ATen's ``powi``: square-and-multiply with wraparound over all
-    64 exponent bits; a negative exponent gives 0, except for bases 1 and -1. Computed in
-    PyTorch's result dtype, where a 0-dim operand does not widen a dimensioned one
-    (``uint8 ** tensor(-1)`` is ``uint8 ** 255``, wrapping, as on CPU)."""
-    if e.ndim == 0 and a.ndim > 0:
-        dt = a.dtype
-    elif a.ndim == 0 and e.ndim > 0:
-        dt = e.dtype
-    else:
-        dt = jnp.result_type(a, e)
+    64 exponent bits; a negative exponent gives 0, except for bases 1 and -1 (a 0-dim
+    operand comes in the dimensioned one's dtype: ``_torch_int_operands``)."""
+    dt = jnp.result_type(a, e)
     a, e = jnp.broadcast_arrays(a.astype(dt), e.astype(dt))
 
     def body(_, s):
@@ -970,14 +964,13 @@ def _int_operands_as_torch() -> None:
 
 
 # ops whose integer operands PyTorch converts to their common integer dtype before it
-# computes (true division and float math convert each operand to float instead; ``pow``:
-# ``_int_pow``)
+# computes (true division and float math convert each operand to float instead)
 _IN_COMMON_INT = frozenset((
     "eq", "ne", "lt", "le", "gt", "ge", "floor_divide", "remainder", "fmod", "div",
     "maximum", "minimum", "fmax", "fmin", "clamp", "clamp_min", "clamp_max", "bitwise_and",
     "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
     "__rshift__", "gcd", "lcm", "add", "sub", "rsub", "mul", "where", "heaviside",
-    "logical_and", "logical_or", "logical_xor"))
+    "logical_and", "logical_or", "logical_xor", "pow"))
 
 
 _int_operands_as_torch()
