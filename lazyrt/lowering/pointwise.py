@@ -152,7 +152,11 @@ def div(self, other):
     a, b = _arr(self), _arr(other)
     if not jnp.issubdtype(a.dtype, jnp.inexact) and not jnp.issubdtype(b.dtype, jnp.inexact):
         a = bool_to(a, jnp.float32)
-    return jnp.true_divide(_unbool(a, b), _unbool(b, a))
+    x, y = _unbool(a, b), _unbool(b, a)
+    if jnp.iscomplexobj(x) or jnp.iscomplexobj(y):
+        dt = jnp.result_type(x, y)
+        return c10_div(jnp.asarray(x, dt), jnp.asarray(y, dt))
+    return jnp.true_divide(x, y)
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -495,6 +499,11 @@ def c10_div(a, b):
     return lax.complex(re, im)
 
 
+def reciprocal(x):
+    # complex: c10's division, as ATen's ``1 / z`` (XLA's gives 0 for ``1 / (inf + inf j)``)
+    return c10_div(jnp.ones_like(x), x) if jnp.iscomplexobj(x) else jnp.reciprocal(x)
+
+
 def sigmoid(x):
     if not jnp.iscomplexobj(x):
         return jax.nn.sigmoid(x)
@@ -510,7 +519,7 @@ _FLOAT_UNARY = {
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
     "lgamma": jss.gammaln, "digamma": digamma, "i0": jss.i0, "sinc": jnp.sinc,
-    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg, "reciprocal": jnp.reciprocal,
+    "deg2rad": jnp.deg2rad, "rad2deg": jnp.rad2deg, "reciprocal": reciprocal,
     "special_i0e": jss.i0e, "special_i1": jss.i1, "special_i1e": jss.i1e,
     "special_ndtr": jss.ndtr, "special_ndtri": jss.ndtri, "special_erfcx": jss.erfcx,
     "special_log_ndtr": jss.log_ndtr, "special_entr": jss.entr,
