@@ -357,3 +357,54 @@ def test_index_put_of_another_dtype_raises(mode):
     y = x.to("tpu")
     y[i.to("tpu")] = torch.tensor([3], dtype=torch.uint8).to("tpu")
     assert y.cpu().tolist() == [0, 3, 0]
+
+
+_VALUE_OPS = {
+    "masked_fill": lambda x, v: x.masked_fill(torch.tensor([True, False, True, False], device=x.device), v),
+    "masked_fill_": lambda x, v: x.masked_fill_(torch.tensor([True, False, True, False], device=x.device), v),
+    "index_fill": lambda x, v: x.index_fill(0, torch.tensor([1, 3], device=x.device), v),
+    "index_fill_": lambda x, v: x.index_fill_(0, torch.tensor([2], device=x.device), v),
+    "fill_": lambda x, v: x.fill_(v),
+}
+_VALUES = ((torch.int64, (300, -3, -255, -256, 127, 128, 70000, -129)),
+           (torch.float32, (300.0, -1.0, 255.5, float("nan"), float("inf"), 1e5, -70000.0)),
+           (torch.float64, (1e39, 3e38, float("inf"), 65504.0, 65520.0)),
+           (torch.uint8, (255, 7)), (torch.bool, (True,)))
+
+
+@pytest.mark.parametrize("name", sorted(_VALUE_OPS))
+@pytest.mark.parametrize("where", ["tpu", "cpu"])
+def test_a_0_dim_tensor_value_that_overflows_the_dtype_raises(mode, name, where):
+    """A 0-dim tensor value is read as ATen reads it (``value.item()``) and converted with
+    c10's ``checked_convert``: ``masked_fill``/``index_fill`` raise "value cannot be
+    converted to type uint8_t without overflow" as CPU does (tpu wrapped or saturated:
+    300 filled 44, 300.0 filled 255), at the op for a CPU value and by the next sync for a
+    tpu one. ``fill_`` with a value on the tensor's own device converts as ``copy_``
+    (300.0 fills 44 on CPU, tpu gave 255); with one from another device it reads the
+    number, as ATen's ``fill_`` (``fill_out(self, value.item())``)."""
+    f = _VALUE_OPS[name]
+    for dt in (torch.uint8, torch.int8, torch.int16, torch.uint32, torch.float16, torch.bfloat16,
+               torch.float32):
+        for vdt, vals in _VALUES:
+            for v in vals:
+                value = torch.tensor(v, dtype=vdt)
+                x = torch.arange(4).to(dt)
+                if name == "fill_" and where == "tpu" and dt == torch.uint32 and vdt.is_floating_point:
+                    continue  # copy_'s float -> uint32: CPU's 4-element scalar tail (docs/conformance.md)
+                try:
+                    if name == "fill_" and where == "cpu":  # ATen: another device reads the number
+                        want = x.clone().fill_(value.item())
+                    else:
+                        want = f(x.clone(), value)
+                except NotImplementedError:  # (CPU's kernel lacks the dtype: index_fill uint32)
+                    continue
+                except RuntimeError as ex:
+                    with pytest.raises(RuntimeError) as got:
+                        f(x.to("tpu"), value.to(where)).cpu()
+                    # (a tpu value's assert names the op and line after CPU's message)
+                    msg = str(got.value)
+                    assert (msg.startswith(str(ex)) if where == "tpu" else msg == str(ex)), (dt, vdt, v)
+                    continue
+                got = f(x.to("tpu"), value.to(where)).cpu()
+                assert got.dtype == want.dtype and torch.equal(got, want) or (
+                    dt.is_floating_point and torch.equal(got.isnan(), want.isnan())), (dt, vdt, v, got, want)

@@ -8,7 +8,11 @@
 * a Python number converted to a tensor's dtype (``fill_``, ``full``, ``full_like``,
   ``scalar_tensor``, ``masked_fill``, ``index_fill``, ``scatter``, ``clamp``) raises
   c10's ``checked_convert`` error when it overflows the dtype ("value cannot be
-  converted to type uint8_t without overflow"), where XLA wrapped it (300 filled 44)."""
+  converted to type uint8_t without overflow"), where XLA wrapped it (300 filled 44);
+* a 0-dim tensor value (``masked_fill``, ``index_fill``; ``fill_`` from another device)
+  is read as ATen reads it (``value.item()``) and converted the same checked way: a value
+  on the CPU at the op, one on the device by an asynchronous assert (c10's rule:
+  ``_value_fits``)."""
 from __future__ import annotations
 
 import numbers
@@ -151,3 +155,92 @@ def checked_scalar_ops() -> dict:
         aten.clamp_min.default: ("min",), aten.clamp_min_.default: ("min",),
         aten.clamp_max.default: ("max",), aten.clamp_max_.default: ("max",),
     }
+
+
+# ---- 0-dim tensor values: ``value.item()`` converted with ``checked_convert`` -------------
+
+_MESSAGES: dict = {}
+
+
+def _overflow_message(dtype) -> str:
+    """CPU's own message for a value that overflows ``dtype``."""
+    msg = _MESSAGES.get(dtype)
+    if msg is None:
+        try:
+            torch.empty(2, dtype=dtype).fill_(1e300)
+            msg = ""
+        except RuntimeError as ex:
+            msg = str(ex)
+        _MESSAGES[dtype] = msg
+    return msg
+
+
+def _value_fits(v, dtype):
+    """One bool element on ``v``'s device: whether the 0-dim tensor ``v``'s ``item()`` (an
+    int64 for an integer tensor, a double for a float one) converts to ``dtype`` as c10's
+    ``overflows`` allows; None where it cannot overflow. c10: an integer into an unsigned
+    type may be negative down to ``-max`` (it wraps); a float into an integer type must be
+    finite and within range; a float into a float type may be inf or NaN, else within
+    range. (Complex and bool values, float8 targets: not checked.)"""
+    vd = v.dtype
+    if dtype == torch.bool or vd == torch.bool or vd.is_complex or dtype.is_complex:
+        return None
+    v = v.detach()
+    if dtype.is_floating_point:
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32) or (
+                not vd.is_floating_point and dtype != torch.float16):
+            return None
+        fi = torch.finfo(dtype)
+        x = aten._to_copy.default(v, dtype=torch.float64)
+        ok = aten.logical_and.default(aten.ge.Scalar(x, fi.min), aten.le.Scalar(x, fi.max))
+        if vd.is_floating_point:
+            ok = aten.logical_or.default(ok, aten.logical_not.default(aten.isfinite.default(x)))
+        return ok
+    info = torch.iinfo(dtype)
+    if vd.is_floating_point:  # (NaN and inf compare False)
+        x = aten._to_copy.default(v, dtype=torch.float64)
+        return aten.logical_and.default(aten.ge.Scalar(x, float(info.min)),
+                                        aten.le.Scalar(x, float(info.max)))
+    if dtype in (torch.int64, torch.uint64):
+        return None
+    x = aten._to_copy.default(v, dtype=torch.int64)
+    lo = -info.max if not dtype.is_signed else info.min
+    return aten.logical_and.default(aten.ge.Scalar(x, lo), aten.le.Scalar(x, info.max))
+
+
+def check_value_tensor(e, v, dtype) -> None:
+    """``v`` (a 0-dim tensor value) converted to ``dtype`` as ATen does with ``v.item()``:
+    on the CPU at once (CPU's own conversion), on the device by an asynchronous assert."""
+    if not isinstance(v, torch.Tensor) or v.dim() != 0 or dtype == torch.bool:
+        return
+    if v.device.type == "cpu":
+        check_convert(v.item(), dtype)
+        return
+    ok = _value_fits(v, dtype)
+    if ok is not None:
+        require(e, ok, _overflow_message(dtype))
+
+
+def value_tensor_checked(inner):
+    """``inner`` (a handler; None: the op's plain one) after the check of its 0-dim tensor
+    ``value`` against ``self``'s dtype. ``fill_`` converts like ``copy_`` (wrapping) when
+    the value is on ``self``'s device; only one from another device is read as a number."""
+
+    def handler(e, args, kwargs):
+        self = args[0] if args else _arg(e, args, kwargs, "self")
+        v = _arg(e, args, kwargs, "value")
+        if isinstance(v, torch.Tensor) and (e.op._opname not in ("fill", "fill_")
+                                            or v.device != self.device):
+            check_value_tensor(e, v, self.dtype)
+        if inner is not None:
+            return inner(e, args, kwargs)
+        return (mutating if e.mut else functional)(e, args, kwargs)
+
+    handler.value_ints = inner is None
+    return handler
+
+
+def value_tensor_ops() -> list:
+    """The ops that read a 0-dim tensor ``value`` as a number."""
+    return [aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.index_fill.int_Tensor,
+            aten.index_fill_.int_Tensor, aten.fill.Tensor, aten.fill_.Tensor]

@@ -465,3 +465,5 @@ SPECIAL = {
 
 for _op, _names in _int_checks.checked_scalar_ops().items():
     SPECIAL[_op] = _int_checks.scalar_checked(SPECIAL.get(_op), _names)
+for _op in _int_checks.value_tensor_ops():
+    SPECIAL[_op] = _int_checks.value_tensor_checked(SPECIAL.get(_op))

@@ -913,6 +913,10 @@ def copy(self, src, non_blocking=False):
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(self, value):
+    if hasattr(value, "dtype") and jnp.ndim(value) == 0:  # a tensor's value: as ``copy_``
+        if jnp.iscomplexobj(value) and not jnp.iscomplexobj(self):
+            value = jnp.real(value)
+        return jnp.broadcast_to(cast(value, self.dtype), self.shape)
     return jnp.full(self.shape, value, dtype=self.dtype)
 
 
