@@ -408,3 +408,28 @@ def test_a_0_dim_tensor_value_that_overflows_the_dtype_raises(mode, name, where)
                 got = f(x.to("tpu"), value.to(where)).cpu()
                 assert got.dtype == want.dtype and torch.equal(got, want) or (
                     dt.is_floating_point and torch.equal(got.isnan(), want.isnan())), (dt, vdt, v, got, want)
+
+
+def test_integer_division_by_zero_in_a_compiled_graph_raises(mode):
+    """A ``torch.compile`` graph's integer divisions check their tpu divisor in the graph's
+    program (``_compile.checks.insert_division_checks``): ``RuntimeError: ZeroDivisionError``
+    by the next sync, as CPU raises at the op; the graph still runs as one program (no
+    eager fallback). A 0-dim int64 divisor of 256 is 0 in a uint8 division, as on CPU."""
+    import lazyrt
+
+    def f(x, y):
+        return (x // y) + (x % y) + torch.fmod(x, y) + torch.div(x, y, rounding_mode="trunc")
+
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    x = torch.tensor([5, 7, 200], dtype=torch.uint8)
+    for y in (torch.tensor([2, 3, 4], dtype=torch.uint8), torch.tensor(7)):
+        assert torch.equal(cf(x.to("tpu"), y.to("tpu")).cpu(), f(x, y))
+    before = lazyrt.metrics.counters().get("compiled_eager_calls", 0)
+    for y in (torch.tensor([2, 0, 4], dtype=torch.uint8), torch.tensor(256)):
+        with pytest.raises(RuntimeError) as cpu:
+            f(x, y)
+        out = cf(x.to("tpu"), y.to("tpu"))
+        with pytest.raises(RuntimeError) as got:
+            out.cpu()
+        assert str(got.value).splitlines()[0] == str(cpu.value) == "ZeroDivisionError"
+    assert lazyrt.metrics.counters().get("compiled_eager_calls", 0) == before

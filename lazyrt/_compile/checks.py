@@ -11,9 +11,15 @@
   first out-of-range value of its index, computed in the graph's program) and an
   ``index_assert`` check of it, which after the program reads it as an asynchronous assert
   with PyTorch's error, as eager does.
+* integer division by zero (``_ops.int_checks``): ``insert_division_checks`` gives each
+  integer ``floor_divide``/``remainder``/``fmod``/``div(rounding_mode=)`` node whose
+  divisor is a tpu tensor a ``nonzero_divisor`` node (computed in the graph's program)
+  and an ``_assert_async`` of it: ``RuntimeError: ZeroDivisionError`` by the next sync,
+  as eager.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import torch
 
 from .._base import source as _source
@@ -21,6 +27,7 @@ from .._base.config import config
 from .._exec import asserts as _asserts
 from .._exec.values import concrete
 from .._ops import bounds as _bounds
+from .._ops.int_checks import ZERO_DIV as _ZERO_DIV
 from .._ops.jax_op import jax_op
 from .._ops.resolve import resolve
 
@@ -33,6 +40,19 @@ def _index_bounds(index, n: int = 0, neg: bool = False, ignore: int | None = Non
 
 index_bounds = jax_op("lazyrt::index_bounds", _index_bounds, static=("n", "neg", "ignore"))
 _INDEX_BOUNDS = torch.ops.lazyrt.index_bounds.default
+
+
+def _nonzero_divisor(divisor, dtype: str = "int64"):
+    return jnp.all(divisor.astype(dtype) != 0)
+
+
+# one bool: no element of the divisor is 0 in the division's (integer) dtype (256 is 0 in uint8)
+nonzero_divisor = jax_op("lazyrt::nonzero_divisor", _nonzero_divisor, static=("dtype",))
+_NONZERO_DIVISOR = torch.ops.lazyrt.nonzero_divisor.default
+_aten = torch.ops.aten
+# integer divisions with a tensor divisor: the divisor's argument position
+_DIVISIONS = {_aten.floor_divide.default: 1, _aten.remainder.Tensor: 1,
+              _aten.remainder.Scalar_Tensor: 1, _aten.fmod.Tensor: 1, _aten.div.Tensor_mode: 1}
 _EXC = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
@@ -93,6 +113,38 @@ def insert_bounds_checks(gm) -> None:
                                                        str(node.target)))
             after.meta["val"] = None
             changed = True
+    if changed:
+        gm.recompile()
+
+
+def insert_division_checks(gm) -> None:
+    """Give every integer division node of ``gm`` whose divisor is a tpu tensor its check."""
+    g = gm.graph
+    changed = False
+    for node in list(g.nodes):
+        pos = _DIVISIONS.get(node.target) if node.op == "call_function" else None
+        if pos is None or len(node.args) <= pos or not isinstance(node.args[pos], torch.fx.Node):
+            continue
+        if node.target is _aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
+            continue
+        divisor = node.args[pos]
+        dv = divisor.meta.get("val")
+        a = node.args[0]
+        av = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if not isinstance(dv, torch.Tensor) or dv.device.type != "tpu" or not dv.numel():
+            continue
+        if isinstance(av, torch.Tensor) and not av.numel():
+            continue
+        common = torch.result_type(av, dv)
+        if common.is_floating_point or common.is_complex or common == torch.bool:
+            continue
+        with g.inserting_after(node):
+            ok = g.call_function(_NONZERO_DIVISOR, (divisor, str(common).split(".")[-1]))
+        ok.meta["val"] = dv.new_empty((), dtype=torch.bool)
+        with g.inserting_after(ok):
+            check = g.call_function(_ASSERTS[0], (ok, _ZERO_DIV))
+        check.meta["val"] = None
+        changed = True
     if changed:
         gm.recompile()
 

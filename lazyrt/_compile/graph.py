@@ -35,7 +35,7 @@ from .._ops.plan import make_plan
 from .._ops.resolve import resolve
 from . import flex as _flex
 from .checks import entry as check_entry
-from .checks import insert_bounds_checks, is_check
+from .checks import insert_bounds_checks, insert_division_checks, is_check
 from .checks import result as check_result
 from .host import _host_args, _HostRef, _input_key, _is_cpu_tensor
 from .nodes import Unsupported, check_graph, is_tpu_meta, meta_val, out_spec, structure
@@ -71,6 +71,7 @@ class GraphProgram:
         self.kind = kind
         self.name = f"compiled_{kind}"
         insert_bounds_checks(gm)
+        insert_division_checks(gm)
         self.reason = check_graph(gm)
         self.symbols = GraphSymbols(gm)
         self.plans: dict = {}

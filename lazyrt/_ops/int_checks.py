@@ -24,7 +24,7 @@ from .handlers import functional, mutating
 
 aten = torch.ops.aten
 
-_ZERO_DIV = "ZeroDivisionError"
+ZERO_DIV = "ZeroDivisionError"
 
 
 def _arg(e, args, kwargs, name):
@@ -51,11 +51,11 @@ def check_divisor(e, self, other) -> None:
     # the divisor as the op computes with it: in the common dtype (256 is 0 in uint8)
     if not isinstance(other, torch.Tensor):
         if torch.tensor(other).to(common).item() == 0:
-            raise RuntimeError(_ZERO_DIV)
+            raise RuntimeError(ZERO_DIV)
         return
     if other.dtype != common:
         other = aten._to_copy.default(other.detach(), dtype=common)
-    require(e, aten.all.default(aten.ne.Scalar(other.detach(), 0)), _ZERO_DIV)
+    require(e, aten.all.default(aten.ne.Scalar(other.detach(), 0)), ZERO_DIV)
 
 
 def division_checked(e, args, kwargs):
