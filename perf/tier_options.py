@@ -5,8 +5,8 @@ really compiles.
 
 Runs one ``perf.first_calls`` row's first step in this process (``LAZYRT_COMPILE=full``, no
 disk cache) and keeps every program lazyrt compiles (``_xla.compile_program``), then
-compiles each again, once with lazyrt's full options and once with the first tier's
-(``_xla.FIRST_TIER``), and reports per option set: CPU seconds compiling (process time,
+compiles each again, once with lazyrt's full options, once with the first tier's
+(``_xla.FIRST_TIER``) and once with XLA:CPU's fusion emitters off, and reports per option set: CPU seconds compiling (process time,
 so other load on the machine counts little), the programs' run time (best of 3, summed),
 and how many programs' outputs differ bit for bit from the full build (with the largest
 relative difference).
@@ -56,10 +56,10 @@ def main(argv=None) -> int:
     progs = []
     real = _xla.compile_program
 
-    def keep(fn, args, donate_argnums=(), lean=False, tiered=False):
+    def keep(fn, args, donate_argnums=(), lean=False, tiered=False, **kw):
         with jax.enable_x64(True):
-            progs.append((fn, _copy(list(args)), lean))
-        return real(fn, args, donate_argnums, lean, tiered)
+            progs.append((fn, _copy(list(args)), lean, kw.get("kind", "op")))
+        return real(fn, args, donate_argnums, lean, tiered, **kw)
 
     _xla.compile_program = keep
     try:
@@ -68,15 +68,18 @@ def main(argv=None) -> int:
     finally:
         _xla.compile_program = real
     progs = progs[:a.max]
-    sets = {"full": None, "first tier": _xla.FIRST_TIER}
+    sets = {"full": None, "first tier": _xla.FIRST_TIER,
+            # XLA:CPU's legacy LLVM IR emitters instead of its fusion (MLIR) emitters
+            "no fusion emitters": {"xla_cpu_use_fusion_emitters": False}}
     res = {k: {"compile": 0.0, "run": 0.0, "differ": 0, "maxrel": 0.0} for k in sets}
-    for fn, args, lean in progs:
+    for fn, args, lean, kind in progs:
         ref = None
         with jax.enable_x64(True):
             jitted = jax.jit(fn)
             lowered = _lean.lower(jitted, tuple(args)) if lean else jitted.lower(*args)
-            opts = _xla.full_options(lowered.as_text())
+            opts = _xla.full_options(lowered.as_text(), kind)
             for name, extra in sets.items():
+                jax.clear_caches()  # (the step compiled the full build once already)
                 t0 = time.process_time()
                 exe = lowered.compile(compiler_options={**opts, **(extra or {})})
                 res[name]["compile"] += time.process_time() - t0

@@ -120,7 +120,10 @@ def full_options(text: str | None, kind: str = "op") -> dict:
 # vectorized and scalar loops sum in a different order), and 2-2.5x slower to run.
 # XLA's other cheap-compile knobs measured no faster:
 # xla_llvm_disable_expensive_passes, exec_time_optimization_effort, optimization_level,
-# xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE, xla_cpu_parallel_codegen_split_count.
+# xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE, xla_cpu_parallel_codegen_split_count;
+# xla_cpu_use_fusion_emitters=False halves a one-op program's compile (a [3, 5] mul: 28 ->
+# 14 ms) but not gpt_train's 40 strict programs' (3.55 -> 3.58 CPU s), 2 of which then
+# differ in the last bits, and its defer flush ran 24% slower (python -m perf.tier_options).
 FIRST_TIER = {"xla_backend_optimization_level": 0}
 
 
