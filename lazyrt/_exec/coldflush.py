@@ -50,7 +50,10 @@ from .trace import _MASK, _SHIFT, Trace
 # holds more (a tiny Llama's forward: 197 ops, 17 new programs at its first flush), and
 # its programs run op by op would only be compiled for the 4 steps before the fused one.
 # The binary-ufunc proxy of ``perf.cold_flush``, two processes side by side: 75 s with 16,
-# 110 s with 4 (1,218 flushes, 1,213 and 480 of them op by op).
+# 110 s with 4 (1,218 flushes, 1,213 and 480 of them op by op). 32 against 16 on PyTorch's
+# sampled test_binary_ufuncs.py in defer (perf.pytorch_suite --sample 40, one side-by-side
+# run at 2d1886c): 279 s against 304 s (within this machine's run-to-run noise), 1,391
+# programs against 1,233; not taken: the tiny Llama's first flush would run op by op.
 NEW_PROGRAMS = 16
 # flushes so far per trace key (the flush cache's key), for the traces run op by op
 _flushed: LRUCache = LRUCache(maxsize=8192)
