@@ -50,9 +50,9 @@ def _nonzero_divisor(divisor, dtype: str = "int64"):
 nonzero_divisor = jax_op("lazyrt::nonzero_divisor", _nonzero_divisor, static=("dtype",))
 _NONZERO_DIVISOR = torch.ops.lazyrt.nonzero_divisor.default
 _aten = torch.ops.aten
-# integer divisions with a tensor divisor: the divisor's argument position
-_DIVISIONS = {_aten.floor_divide.default: 1, _aten.remainder.Tensor: 1,
-              _aten.remainder.Scalar_Tensor: 1, _aten.fmod.Tensor: 1, _aten.div.Tensor_mode: 1}
+# divisions whose second argument (the divisor) may be a tensor
+_DIVISIONS = frozenset((_aten.floor_divide.default, _aten.remainder.Tensor,
+                        _aten.remainder.Scalar_Tensor, _aten.fmod.Tensor, _aten.div.Tensor_mode))
 _EXC = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
@@ -122,12 +122,12 @@ def insert_division_checks(gm) -> None:
     g = gm.graph
     changed = False
     for node in list(g.nodes):
-        pos = _DIVISIONS.get(node.target) if node.op == "call_function" else None
-        if pos is None or len(node.args) <= pos or not isinstance(node.args[pos], torch.fx.Node):
+        if (node.op != "call_function" or node.target not in _DIVISIONS or len(node.args) < 2
+                or not isinstance(node.args[1], torch.fx.Node)):
             continue
         if node.target is _aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
             continue
-        divisor = node.args[pos]
+        divisor = node.args[1]
         dv = divisor.meta.get("val")
         a = node.args[0]
         av = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
