@@ -499,6 +499,40 @@ def c10_div(a, b):
     return lax.complex(re, im)
 
 
+def _hyperbolic_parts(x):
+    """``(|x|, exp(|x|), the large-|x| value exp(|x|) / 2)`` in at least float32. XLA's
+    cosh/sinh compute ``exp(|x| - log 2)``, whose rounded subtraction costs ``|x| * eps / 2``
+    relative (float32: 12.6 ulp on average over [-90, 90], 24 at most); here
+    ``exp(|x|) / 2`` is rounded once, and past exp's overflow as ``(exp(|x| / 2) / 2) *
+    exp(|x| / 2)`` (python -m perf.hyperbolic)."""
+    wide = jnp.promote_types(x.dtype, jnp.float32)
+    a = jnp.abs(x.astype(wide))
+    e = jnp.exp(a)
+    h = jnp.exp(0.5 * a)
+    return a, e, jnp.where(a < _EXP_SAFE[wide], 0.5 * e, (0.5 * h) * h)
+
+
+# |x| below which exp(|x|) is finite (float32: 88.72; float64: 709.78), kept back a little
+_EXP_SAFE = {jnp.dtype(jnp.float32): 88.0, jnp.dtype(jnp.float64): 709.0}
+
+
+def cosh(x):
+    if jnp.iscomplexobj(x):
+        return jnp.cosh(x)
+    a, e, half = _hyperbolic_parts(x)
+    return (half + 0.5 / e).astype(x.dtype)
+
+
+def sinh(x):
+    if jnp.iscomplexobj(x):
+        return jnp.sinh(x)
+    a, e, half = _hyperbolic_parts(x)
+    m = jnp.expm1(a)  # (below 1: no cancellation)
+    small = 0.5 * (m + m / (m + 1))
+    r = jnp.where(a < 1, small, half - 0.5 / e)
+    return jnp.copysign(r, x.astype(r.dtype)).astype(x.dtype)
+
+
 def reciprocal(x):
     # complex: c10's division, as ATen's ``1 / z`` (XLA's gives 0 for ``1 / (inf + inf j)``)
     return c10_div(jnp.ones_like(x), x) if jnp.iscomplexobj(x) else jnp.reciprocal(x)
@@ -515,7 +549,7 @@ _FLOAT_UNARY = {
     "exp": exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
     "log10": jnp.log10, "log1p": log1p, "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt,
     "sin": jnp.sin, "cos": jnp.cos, "tan": jnp.tan, "asin": jnp.arcsin, "acos": jnp.arccos,
-    "atan": jnp.arctan, "sinh": jnp.sinh, "cosh": jnp.cosh, "tanh": jnp.tanh,
+    "atan": jnp.arctan, "sinh": sinh, "cosh": cosh, "tanh": jnp.tanh,
     "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": sigmoid, "erf": jss.erf, "erfc": jss.erfc, "erfinv": jss.erfinv,
     "lgamma": jss.gammaln, "digamma": digamma, "i0": jss.i0, "sinc": jnp.sinc,
