@@ -6,8 +6,9 @@ really compiles.
 Runs one ``perf.first_calls`` row's first step in this process (``LAZYRT_COMPILE=full``, no
 disk cache) and keeps every program lazyrt compiles (``_xla.compile_program``), then
 compiles each again, once with lazyrt's full options, once with the first tier's
-(``_xla.FIRST_TIER``) and once with XLA:CPU's fusion emitters off, and reports per option set: CPU seconds compiling (process time,
-so other load on the machine counts little), the programs' run time (best of 3, summed),
+(``_xla.FIRST_TIER``) and once with XLA:CPU's fusion emitters off, and reports per option
+set: CPU seconds compiling (process time, so other load on the machine counts little),
+the programs' run time (best of 3, summed),
 and how many programs' outputs differ bit for bit from the full build (with the largest
 relative difference).
 """
