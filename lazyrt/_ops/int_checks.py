@@ -58,15 +58,29 @@ def check_divisor(e, self, other) -> None:
     require(e, aten.all.default(aten.ne.Scalar(other.detach(), 0)), ZERO_DIV)
 
 
-def division_checked(e, args, kwargs):
-    """An integer division: its divisor checked, then the op."""
+def checked(check, inner=None):
+    """A handler: ``check(e, args, kwargs)``, then ``inner`` (a handler; None: the op's
+    plain one)."""
+
+    def handler(e, args, kwargs):
+        check(e, args, kwargs)
+        if inner is not None:
+            return inner(e, args, kwargs)
+        return (mutating if e.mut else functional)(e, args, kwargs)
+
+    # the lowered op's runtime int arguments stay runtime (``resolve``, ``value_ints``)
+    handler.value_ints = inner is None
+    return handler
+
+
+def _check_division(e, args, kwargs) -> None:
     if e.op._opname != "div" or _arg(e, args, kwargs, "rounding_mode") is not None:
         self = args[0] if args else _arg(e, args, kwargs, "self")
         check_divisor(e, self, _arg(e, args, kwargs, "other"))
-    return (mutating if e.mut else functional)(e, args, kwargs)
 
 
-division_checked.value_ints = True
+# an integer division: its divisor checked, then the op
+division_checked = checked(_check_division)
 
 
 def _overloads(*packets) -> list:
@@ -122,7 +136,7 @@ def scalar_checked(inner, names):
     """``inner`` (a handler; None: the op's plain one) after ``checked_convert`` of its
     Python number arguments ``names``."""
 
-    def handler(e, args, kwargs):
+    def check(e, args, kwargs):
         for name in names:
             v = _arg(e, args, kwargs, name)
             # (a complex number on a real tensor: the op's own error, not this one)
@@ -133,13 +147,8 @@ def scalar_checked(inner, names):
                     one = op == "scalar_tensor" or (op in ("fill", "fill_")
                                                     and args[0].numel() == 1)
                     check_convert(v, dtype, one)
-        if inner is not None:
-            return inner(e, args, kwargs)
-        return (mutating if e.mut else functional)(e, args, kwargs)
 
-    # the lowered op's runtime int arguments stay runtime (``resolve``, ``value_ints``)
-    handler.value_ints = inner is None
-    return handler
+    return checked(check, inner)
 
 
 def checked_scalar_ops() -> dict:
@@ -226,18 +235,14 @@ def value_tensor_checked(inner):
     ``value`` against ``self``'s dtype. ``fill_`` converts like ``copy_`` (wrapping) when
     the value is on ``self``'s device; only one from another device is read as a number."""
 
-    def handler(e, args, kwargs):
+    def check(e, args, kwargs):
         self = args[0] if args else _arg(e, args, kwargs, "self")
         v = _arg(e, args, kwargs, "value")
         if isinstance(v, torch.Tensor) and (e.op._opname not in ("fill", "fill_")
                                             or v.device != self.device):
             check_value_tensor(e, v, self.dtype)
-        if inner is not None:
-            return inner(e, args, kwargs)
-        return (mutating if e.mut else functional)(e, args, kwargs)
 
-    handler.value_ints = inner is None
-    return handler
+    return checked(check, inner)
 
 
 def value_tensor_ops() -> list:
